@@ -1,0 +1,105 @@
+"""Where samples wait to become batches: scored samples gather into whole groups.
+
+GRPO needs every sample of a prompt in the same batch (advantages are relative to the group),
+so a group is trainable only when all n of its samples are generated and scored. `take` packs
+chosen groups into one `TrainBatch` of flat arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flashq.protocol import RewardResult, Sample, TrainBatch
+from flashq.staleness import Admission
+
+
+@dataclass
+class Group:
+    task: dict
+    prompt_ids: np.ndarray
+    size: int
+    admission: Admission
+    samples: dict[str, Sample] = field(default_factory=dict)
+    rewards: dict[str, RewardResult] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rewards) == self.size
+
+
+class GroupBuffer:
+    def __init__(self) -> None:
+        self.groups: dict[str, Group] = {}
+        self.complete: set[str] = set()
+
+    def add_group(self, group: Group) -> None:
+        gid = group.admission.group_id
+        if gid in self.groups:
+            raise ValueError(f"group {gid} already in the buffer")
+        self.groups[gid] = group
+
+    def add_sample(self, sample: Sample) -> Group:
+        group = self.groups.get(sample.group_id)
+        if group is None:
+            raise KeyError(f"sample {sample.request_id} for unknown group {sample.group_id}")
+        if sample.request_id in group.samples:
+            raise KeyError(f"duplicate sample {sample.request_id}")
+        group.samples[sample.request_id] = sample
+        return group
+
+    def add_reward(self, group_id: str, result: RewardResult) -> Group:
+        group = self.groups[group_id]
+        if result.request_id not in group.samples:
+            raise KeyError(f"reward for {result.request_id}, which has no sample")
+        if result.request_id in group.rewards:
+            raise KeyError(f"duplicate reward for {result.request_id}")
+        group.rewards[result.request_id] = result
+        if group.complete:
+            self.complete.add(group_id)
+        return group
+
+    def take(self, group_ids: list[str], batch_index: int) -> tuple[TrainBatch, list[Group]]:
+        groups = [self.groups.pop(g) for g in group_ids]
+        self.complete.difference_update(group_ids)
+        return pack_batch(groups, batch_index), groups
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+
+def pack_batch(groups: list[Group], batch_index: int) -> TrainBatch:
+    request_ids, group_index, rewards, finish = [], [], [], []
+    prompts, responses, logprobs, versions = [], [], [], []
+    for gi, group in enumerate(groups):
+        for rid in sorted(group.samples):
+            s = group.samples[rid]
+            request_ids.append(rid)
+            group_index.append(gi)
+            rewards.append(group.rewards[rid].reward)
+            finish.append(s.finish_reason)
+            prompts.append(group.prompt_ids)
+            responses.append(s.token_ids)
+            logprobs.append(s.logprobs)
+            versions.append(s.versions)
+
+    def offsets(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+
+    def cat(parts: list[np.ndarray], dtype) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+    return TrainBatch(
+        batch_index=batch_index,
+        request_ids=request_ids,
+        group_index=np.asarray(group_index, np.int32),
+        rewards=np.asarray(rewards, np.float32),
+        prompt_ids=cat(prompts, np.int32),
+        prompt_offsets=offsets(prompts),
+        response_ids=cat(responses, np.int32),
+        response_offsets=offsets(responses),
+        logprobs=cat(logprobs, np.float32),
+        versions=cat(versions, np.int32),
+        finish_reasons=finish,
+    )

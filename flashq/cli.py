@@ -1,0 +1,91 @@
+"""The `flashq` command.
+
+  flashq launch FILE [key=value ...] [--dry-run]   start every role of a run on this machine
+  flashq role NAME --config FILE --connect ADDR     start one role (what a multi-host run uses)
+
+Heavy modules (torch, vLLM) are imported only by the role that needs them, after parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from flashq.config import ConfigError, load_config, role_kind
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flashq", description="Fast asynchronous RL post-training on vLLM.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    launch = sub.add_parser("launch", help="start all roles of a run locally")
+    launch.add_argument("config", type=Path, help="YAML config (see configs/)")
+    launch.add_argument("overrides", nargs="*", help="key=value overrides, e.g. async_ratio=2 trainer.steps=50")
+    launch.add_argument("--dry-run", action="store_true", help="print each role's resolved config and command, start nothing")
+    launch.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live progress panel")
+
+    role = sub.add_parser("role", help="start one role of a run")
+    role.add_argument("name", help="coordinator | trainer | rollout-N | reward-N")
+    role.add_argument("--config", type=Path, required=True)
+    role.add_argument("--connect", required=True, help="the coordinator's address, e.g. tcp://10.0.0.1:5555 (the coordinator binds it)")
+    role.add_argument("overrides", nargs="*")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    unknown = [x for x in extra if x.startswith("-") or "=" not in x]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = list(args.overrides) + extra  # key=value may follow the options too
+    try:
+        if args.command == "launch":
+            return _launch(args)
+        return _role(args)
+    except ConfigError as e:
+        print(f"flashq: {e}", file=sys.stderr)
+        return 2
+
+
+def _launch(args) -> int:
+    from flashq.launch import Launcher, dry_run, resolve_run
+
+    cfg = resolve_run(load_config(args.config, args.overrides))
+    if args.dry_run:
+        print(dry_run(cfg))
+        return 0
+    return Launcher(cfg, show_progress=False if args.no_progress else None).run()
+
+
+def _role(args) -> int:
+    from flashq.roles.common import run_role, setup_logging
+
+    role = args.name if "-" in args.name or args.name in ("coordinator", "trainer") else f"{args.name}-0"
+    kind = role_kind(role)
+    cfg = load_config(args.config, args.overrides)
+    setup_logging(cfg.log.level, cfg.log.vllm_level)
+    run_dir = cfg.log.run_dir or (cfg.log.root / cfg.name)
+    if kind == "coordinator":
+        from flashq.roles.coordinator import Coordinator
+
+        proc = Coordinator(cfg, args.connect, run_dir)
+        return run_role(role, proc.run, lambda: None)
+    if kind == "rollout":
+        from flashq.roles.rollout import RolloutWorker
+
+        proc = RolloutWorker(cfg, role, args.connect)
+    elif kind == "reward":
+        from flashq.roles.reward import RewardWorker
+
+        proc = RewardWorker(cfg, role, args.connect)
+    else:
+        from flashq.roles.trainer import TrainerRole
+
+        proc = TrainerRole(cfg, role, args.connect, run_dir)
+    return run_role(role, proc.run, lambda: proc.link)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

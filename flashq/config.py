@@ -1,0 +1,273 @@
+"""One typed config for a whole run, one section per role, validated when it is loaded.
+
+A run is described by a YAML file plus `key=value` overrides (`async_ratio=2`,
+`trainer.lr=3e-4`). Unknown keys and bad values fail at load with the field's dotted path.
+The defaults run the quickstart on a laptop CPU.
+
+This module must stay importable without torch or vLLM (the launcher and `--dry-run` use it).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from flashq.models.tiny import TinyModelSpec
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names each offending field."""
+
+
+class ModelConfig(Section):
+    name: str = Field("tiny", description='"tiny" builds the offline model; otherwise an HF name or local path.')
+    tiny: TinyModelSpec = TinyModelSpec()
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    cache_dir: Path = Field(Path(".cache/flashq"), description="Where the tiny model is built once and reused.")
+
+
+class ArithmeticConfig(Section):
+    min_value: int = 0
+    max_value: int = Field(20, description="Operands are drawn from [min_value, max_value].")
+    operators: list[Literal["+", "-", "*"]] = ["+"]
+
+
+class TaskConfig(Section):
+    kind: Literal["arithmetic"] = "arithmetic"
+    seed: int = 0
+    arithmetic: ArithmeticConfig = ArithmeticConfig()
+
+
+class ForcedLengths(Section):
+    """Replay a fixed heavy-tailed output-length distribution (benchmarks): request k of the run
+    generates exactly L_k tokens, L_k ~ lognormal(median, sigma) clipped to [min, max]."""
+
+    median: int = Field(32, ge=1)
+    sigma: float = Field(1.2, gt=0)
+    min: int = Field(4, ge=1)
+    max: int = Field(1024, ge=1)
+    seed: int = 0
+
+
+class SamplingConfig(Section):
+    group_size: int = Field(8, ge=1, description="Samples per prompt (n); each is its own request.")
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    forced_lengths: ForcedLengths | None = None
+
+
+class RolloutConfig(Section):
+    num_workers: int = Field(1, ge=1)
+    max_inflight_per_worker: int = Field(64, ge=1, description="Queue scheduling cap on requests per worker.")
+    max_num_seqs: int = Field(256, ge=1)
+    max_model_len: int = Field(512, ge=16)
+    kv_cache_gib: int = Field(1, ge=1, description="CPU backend: KV cache GiB per engine.")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="GPU backend only.")
+    tensor_parallel_size: int = Field(1, ge=1)
+    enforce_eager: bool = True
+    omp_threads: int = Field(1, ge=1, description="CPU backend: OpenMP threads per engine.")
+    recompute_kv_on_update: bool = Field(
+        True,
+        description="After a weight update, re-prefill in-flight requests so later tokens are exactly on-policy for the new version.",
+    )
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM AsyncEngineArgs.")
+
+
+class RewardConfig(Section):
+    num_workers: int = Field(1, ge=1)
+    function: str = Field("flashq.rewards.builtin:exact_match", description='"package.module:function", sync or async.')
+    timeout_s: float = Field(10.0, gt=0)
+    max_inflight_per_worker: int = Field(64, ge=1)
+
+
+class LossConfig(Section):
+    kind: Literal["grpo"] = "grpo"
+    normalize_std: bool = True
+    clip_eps: float = Field(0.2, gt=0)
+    is_correction: Literal["tis", "none"] = Field("tis", description="Truncated IS weight pi_prox/pi_behav per token.")
+    is_cap: float = Field(2.0, gt=0)
+    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+
+
+class TrainerConfig(Section):
+    batch_groups: int = Field(8, ge=1, description="Prompts (whole groups) per optimizer step: B.")
+    steps: int = Field(20, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int = Field(1, ge=1, description="CPU: torch intra-op threads.")
+    micro_batch_tokens: int = Field(16384, ge=64, description="Padded tokens per forward/backward chunk.")
+    loss: LossConfig = LossConfig()
+    seed: int = 0
+
+
+class WeightSyncConfig(Section):
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description='"auto": nccl with CUDA, gloo otherwise.')
+    bucket_mb: int = Field(64, ge=1)
+    timeout_s: float = Field(300.0, gt=0)
+    host: str = Field("127.0.0.1", description="Address the trainer hosts the transfer group on.")
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
+
+
+class TransportConfig(Section):
+    host: str = Field("127.0.0.1", description="The coordinator binds here; loopback unless configured.")
+    port: int = Field(0, ge=0, le=65535, description="0: the launcher picks a free port.")
+    hwm: int = Field(1000, ge=1)
+    max_message_mb: int = Field(256, ge=1)
+    heartbeat_s: float = Field(2.0, gt=0)
+    liveness_timeout_s: float = Field(120.0, gt=0)
+    startup_timeout_s: float = Field(900.0, gt=0)
+
+
+class LogConfig(Section):
+    root: Path = Path("runs")
+    run_dir: Path | None = Field(None, description="Defaults to <root>/<name>-<timestamp>.")
+    tensorboard: bool = True
+    stats_interval_s: float = Field(2.0, gt=0, description="How often workers report counters.")
+    level: Literal["DEBUG", "INFO", "WARNING"] = "INFO"
+    vllm_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("WARNING", description="vLLM's own log level.")
+
+
+class FlashqConfig(Section):
+    name: str = "quickstart"
+    seed: int = 0
+    async_ratio: float = Field(
+        2.0,
+        ge=0,
+        description="alpha: generation may lead training by at most alpha batches; 0 is synchronous.",
+    )
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    transport: TransportConfig = TransportConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> FlashqConfig:
+        if self.sampling.max_tokens >= self.rollout.max_model_len:
+            raise ValueError(
+                f"sampling.max_tokens ({self.sampling.max_tokens}) must be below rollout.max_model_len "
+                f"({self.rollout.max_model_len}) to leave room for the prompt"
+            )
+        fl = self.sampling.forced_lengths
+        if fl is not None and not fl.min <= fl.median <= fl.max <= self.sampling.max_tokens:
+            raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
+        return self
+
+    @property
+    def staleness_bound(self) -> int:
+        """ceil(alpha): the most versions a trained token may lag its trainer."""
+        return math.ceil(self.async_ratio)
+
+    @property
+    def total_groups(self) -> int:
+        return self.trainer.steps * self.trainer.batch_groups
+
+    def role_names(self) -> list[str]:
+        return (
+            ["coordinator"]
+            + [f"rollout-{i}" for i in range(self.rollout.num_workers)]
+            + [f"reward-{i}" for i in range(self.reward.num_workers)]
+            + ["trainer"]
+        )
+
+
+ROLE_SECTIONS = {
+    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "trainer", "rollout", "reward", "transport", "log"],
+    "rollout": ["name", "seed", "model", "rollout", "weight_sync", "transport", "log"],
+    "reward": ["name", "model", "reward", "transport", "log"],
+    "trainer": ["name", "seed", "async_ratio", "model", "sampling", "trainer", "weight_sync", "transport", "log"],
+}
+
+
+def role_kind(role: str) -> str:
+    kind = role.split("-")[0]
+    if kind not in ROLE_SECTIONS:
+        raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLE_SECTIONS)} (e.g. rollout-0)")
+    return kind
+
+
+def role_view(cfg: FlashqConfig, role: str) -> dict[str, Any]:
+    """The part of the resolved config a role reads (what `--dry-run` prints)."""
+    full = cfg.model_dump(mode="json")
+    return {key: full[key] for key in ROLE_SECTIONS[role_kind(role)]}
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {key!r} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    parsed = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. async_ratio=2)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: cannot parse value: {e}") from None
+        parsed.append((key.strip(), value))
+    return parsed
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see configs/ for valid keys)"
+        lines.append(f"  {where}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden" and "input" in e and not isinstance(e["input"], dict) else ""))
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> FlashqConfig:
+    """Read YAML (or start from defaults when `path` is None), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "(defaults)"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {path} must be a mapping of sections, got {type(data).__name__}")
+    for key, value in parse_overrides(list(overrides)):
+        _set_dotted(data, key, value)
+    try:
+        return FlashqConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None
+
+
+def dump_config(cfg: FlashqConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,151 @@
+"""One vLLM `AsyncLLM` inside a rollout worker: generation with per-token policy versions, and
+the engine side of vLLM's weight-transfer API.
+
+Versions: the engine labels its weights with `update_weight_version(str(v))`; vLLM 0.32 then
+reports, for every finished request, the spans of output tokens sampled under each label. A
+request that was in flight across an update therefore carries several versions.
+
+Weight updates never throw work away: the engine pauses with mode "keep" (running requests are
+frozen, not aborted), receives the new weights, and resumes. With `recompute_kv_on_update` the
+pause also clears the KV cache, so frozen requests re-prefill under the new weights and their
+later tokens are sampled from exactly the new policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from flashq.config import FlashqConfig
+from flashq.protocol import GenerateRequest, Sample
+
+log = logging.getLogger(__name__)
+
+
+def configure_cpu_threads(omp_threads: int) -> None:
+    """Environment for the CPU backend; must run before vLLM starts its engine process."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", str(omp_threads))
+
+
+class RolloutEngine:
+    def __init__(self, cfg: FlashqConfig, model_path: Path, worker_index: int, device: str):
+        self.cfg = cfg
+        self.model_path = model_path
+        self.worker_index = worker_index
+        self.device = device
+        self.llm = None
+        self.version = 0
+        self.recompute_kv = cfg.rollout.recompute_kv_on_update
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        rc = self.cfg.rollout
+        if self.device == "cpu":
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rc.kv_cache_gib)
+            configure_cpu_threads(rc.omp_threads)
+        backend = "gloo" if self.device == "cpu" else "nccl"
+        if self.cfg.weight_sync.backend != "auto":
+            backend = self.cfg.weight_sync.backend
+        kwargs = dict(
+            model=str(self.model_path),
+            dtype=self.cfg.model.dtype,
+            max_model_len=rc.max_model_len,
+            max_num_seqs=rc.max_num_seqs,
+            enforce_eager=rc.enforce_eager,
+            tensor_parallel_size=rc.tensor_parallel_size,
+            seed=self.cfg.seed + self.worker_index,
+            weight_transfer_config={"backend": backend},
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+        )
+        if self.device == "cuda":
+            kwargs["gpu_memory_utilization"] = rc.gpu_memory_utilization
+        kwargs.update(rc.engine_kwargs)
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        await self.llm.update_weight_version("0")
+
+    @property
+    def engine_ranks(self) -> int:
+        return self.cfg.rollout.tensor_parallel_size
+
+    async def generate(self, req: GenerateRequest) -> Sample:
+        from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=req.max_tokens,
+            min_tokens=req.min_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        t0 = time.monotonic()
+        final = None
+        async for out in self.llm.generate(tokens_input(req.prompt_ids.tolist()), params, request_id=req.request_id):
+            final = out
+        c = final.outputs[0]
+        token_ids = np.asarray(c.token_ids, dtype=np.int32)
+        logprobs = np.fromiter(
+            (pos[tok].logprob for pos, tok in zip(c.logprobs, c.token_ids)), dtype=np.float32, count=len(token_ids)
+        )
+        return Sample(
+            request_id=req.request_id,
+            group_id=req.group_id,
+            worker=self.worker_index,
+            token_ids=token_ids,
+            logprobs=np.maximum(logprobs, np.float32(-1e4)),
+            versions=self._versions(c, len(token_ids)),
+            finish_reason=c.finish_reason if c.finish_reason in ("stop", "length", "abort") else "error",
+            gen_seconds=time.monotonic() - t0,
+        )
+
+    def _versions(self, completion, n: int) -> np.ndarray:
+        versions = np.full(n, -1, dtype=np.int32)
+        for span in completion.weight_versions or []:
+            versions[span.start : span.end] = int(span.version)
+        if n and versions.min() < 0:
+            raise RuntimeError(f"vLLM returned tokens without a weight-version label: {completion.weight_versions}")
+        return versions
+
+    # --- vLLM's weight-transfer API, one call at a time, as the trainer drives it
+
+    async def weight_sync(self, method: str, payload, version: int) -> None:
+        from vllm.distributed.weight_transfer.base import (
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
+
+        llm = self.llm
+        if method == "init_weight_transfer_engine":
+            await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=payload))
+        elif method == "start_weight_update":
+            await llm.pause_generation(mode="keep", clear_cache=self.recompute_kv)
+            await llm.start_weight_update()
+        elif method == "update_weights":
+            await llm.update_weights(WeightTransferUpdateRequest(update_info=payload))
+        elif method == "finish_weight_update":
+            await llm.finish_weight_update(weight_version=str(version))
+            self.version = version
+            await llm.resume_generation()
+        else:
+            raise ValueError(f"unknown weight sync method {method!r}")
+
+    async def shutdown(self) -> None:
+        if self.llm is not None:
+            try:
+                await self.llm.shutdown_weight_transfer_engine()
+            except Exception:  # noqa: BLE001 - not initialised, or the engine is already gone
+                pass
+            self.llm.shutdown()
+            self.llm = None

@@ -1,0 +1,24 @@
+"""vLLM plugin entry point (`vllm.general_plugins`), run in every vLLM process.
+
+Keep this import-light: vLLM loads it before building each worker.
+"""
+
+import logging
+
+
+class _BenignReloadWarnings(logging.Filter):
+    """vLLM's layerwise reload warns for layers that receive no weights. Rotary embeddings have
+    none, and a tied LM head shares the embedding's (flashq repacks it, see gloo_transfer), so
+    on every weight update these two lines are noise; anything else still gets through."""
+
+    BENIGN = ("RotaryEmbedding: Failed to load weights", "ParallelLMHead: Failed to load weights")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self.BENIGN
+
+
+def register() -> None:
+    from flashq.engine.gloo_transfer import register as register_gloo
+
+    register_gloo()
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_BenignReloadWarnings())

@@ -1,0 +1,87 @@
+"""Trainer side of the weight broadcast: vLLM's trainer weight-transfer engines, driven through
+the coordinator.
+
+vLLM's `TrainerWeightTransferEngine` talks to the inference side through a
+`VLLMWeightSyncClient` (four calls: init, start, update, finish). flashq's rollout engines live
+in other processes behind the coordinator, so `CoordinatorSyncClient` turns each call into a
+`WeightSyncCall` message that the coordinator fans out to every rollout worker; it returns when
+all of them have done it. The bytes themselves go trainer -> engines directly, over NCCL on GPUs
+(vLLM's own engine) or gloo on CPU (`gloo_transfer`), never through a checkpoint file.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from flashq.config import WeightSyncConfig
+
+Rpc = Callable[[str, Any, int], None]
+
+
+class CoordinatorSyncClient:
+    """`VLLMWeightSyncClient` over flashq's messages; `version` labels the next finish."""
+
+    def __init__(self, rpc: Rpc):
+        self.rpc = rpc
+        self.version = 0
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.rpc("init_weight_transfer_engine", init_info, -1)
+
+    def start_weight_update(self) -> None:
+        self.rpc("start_weight_update", None, self.version)
+
+    def update_weights(self, update_info) -> None:
+        self.rpc("update_weights", update_info, self.version)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.rpc("finish_weight_update", None, self.version)
+
+
+def choose_backend(cfg: WeightSyncConfig, device: torch.device) -> str:
+    if cfg.backend != "auto":
+        return cfg.backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+class WeightPusher:
+    """Owns the trainer's end of the transfer group and pushes a new version after each step."""
+
+    def __init__(self, cfg: WeightSyncConfig, model: torch.nn.Module, rpc: Rpc, inference_world_size: int, port: int, device: torch.device):
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        from flashq.engine.gloo_transfer import GlooTrainerInitInfo, register
+
+        self.client = CoordinatorSyncClient(rpc)
+        self.backend = choose_backend(cfg, device)
+        world_size = 1 + inference_world_size
+        if self.backend == "gloo":
+            register()
+            info = GlooTrainerInitInfo(
+                master_address=cfg.host, master_port=port, world_size=world_size, rank=0,
+                bucket_bytes=cfg.bucket_mb << 20, timeout_s=cfg.timeout_s,
+            )
+        elif self.backend == "nccl":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            info = NCCLTrainerInitInfo(
+                master_address=cfg.host, master_port=port, world_size=world_size, rank=0,
+                packed_buffer_size_bytes=cfg.bucket_mb << 20,
+            )
+        else:
+            raise ValueError(f"unknown weight_sync.backend {self.backend!r}")
+        self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=ModuleSource(model))
+
+    def push(self, version: int) -> float:
+        """Send the current weights labelled `version`; returns seconds taken."""
+        t0 = time.monotonic()
+        self.client.version = version
+        self.engine.send_weights()
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        self.engine.shutdown()

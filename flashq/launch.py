@@ -1,0 +1,237 @@
+"""`flashq launch`: start every role of a run as its own process on this machine, watch them,
+and stop them together.
+
+Each role runs exactly as it would on its own host (`flashq role NAME --config FILE --connect
+ADDR`), from the resolved config written into the run directory, so any role can be restarted
+or debugged by hand with the command shown in `--dry-run`. Output lines are prefixed with the
+role name, shown on the terminal and kept in `<run_dir>/logs/<role>.log`. If any role exits
+unexpectedly the launcher says which, with its exit status and the end of its log, and stops
+the rest; Ctrl-C stops everything cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from flashq.config import FlashqConfig, dump_config, role_view
+
+COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_green", "bright_blue"]
+GRACE_S = 15.0
+
+
+@dataclass
+class RoleProcess:
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    log_path: Path
+    color: str
+    proc: asyncio.subprocess.Process | None = None
+    tail: deque = field(default_factory=lambda: deque(maxlen=30))
+
+
+def resolve_run(cfg: FlashqConfig) -> FlashqConfig:
+    """Fill in what a launch decides: the run directory and the coordinator port."""
+    from flashq.roles.common import free_port
+
+    cfg = cfg.model_copy(deep=True)
+    if cfg.log.run_dir is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        cfg.log.run_dir = cfg.log.root / f"{cfg.name}-{stamp}"
+    if cfg.transport.port == 0:
+        cfg.transport.port = free_port(cfg.transport.host)
+    return cfg
+
+
+def address_of(cfg: FlashqConfig) -> str:
+    return f"tcp://{cfg.transport.host}:{cfg.transport.port}"
+
+
+def role_specs(cfg: FlashqConfig, config_file: Path) -> list[RoleProcess]:
+    run_dir = cfg.log.run_dir
+    specs = []
+    for i, role in enumerate(cfg.role_names()):
+        env = dict(os.environ)
+        env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL=cfg.log.vllm_level)
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if role.startswith("rollout-"):
+            env.setdefault("OMP_NUM_THREADS", str(cfg.rollout.omp_threads))
+        else:
+            env.setdefault("OMP_NUM_THREADS", str(cfg.trainer.threads if role == "trainer" else 1))
+        cmd = [sys.executable, "-m", "flashq.cli", "role", role, "--config", str(config_file), "--connect", address_of(cfg)]
+        specs.append(RoleProcess(role, cmd, env, run_dir / "logs" / f"{role}.log", COLORS[i % len(COLORS)]))
+    return specs
+
+
+def dry_run(cfg: FlashqConfig) -> str:
+    config_file = cfg.log.run_dir / "config.yaml"
+    out = []
+    for spec in role_specs(cfg, config_file):
+        out.append(f"# --- {spec.name}\n# {' '.join(spec.cmd[1:]).replace('-m flashq.cli', 'flashq')}")
+        out.append(yaml.safe_dump(role_view(cfg, spec.name), sort_keys=False))
+    return "\n".join(out)
+
+
+class Launcher:
+    def __init__(self, cfg: FlashqConfig, show_progress: bool | None = None):
+        from rich.console import Console
+
+        self.cfg = cfg
+        self.run_dir: Path = cfg.log.run_dir
+        self.console = Console(highlight=False)
+        self.show_progress = self.console.is_terminal if show_progress is None else show_progress
+        self.roles: list[RoleProcess] = []
+        self.stopping = False
+
+    def run(self) -> int:
+        return asyncio.run(self._main())
+
+    async def _main(self) -> int:
+        from flashq.roles.common import resolve_model
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        config_file = self.run_dir / "config.yaml"
+        dump_config(self.cfg, config_file)
+        self.say(f"[bold]flashq[/] run {self.run_dir}  (async_ratio={self.cfg.async_ratio:g}, {len(self.cfg.role_names())} processes)")
+        resolve_model(self.cfg)  # build the tiny model once, before the roles race to it
+        self.roles = role_specs(self.cfg, config_file)
+        loop = asyncio.get_running_loop()
+        interrupted = asyncio.Event()
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+        loop.add_signal_handler(signal.SIGTERM, interrupted.set)
+        for r in self.roles:
+            r.proc = await asyncio.create_subprocess_exec(
+                *r.cmd, env=r.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True
+            )
+        pumps = [asyncio.create_task(self._pump_output(r)) for r in self.roles]
+        exits = {asyncio.create_task(r.proc.wait()): r for r in self.roles}
+        interrupt = asyncio.create_task(interrupted.wait())
+        live = self._live()
+        code = 0
+        try:
+            if live:
+                live.start()
+            pending = set(exits)
+            early_exit: tuple[RoleProcess, float] | None = None  # a role that ended with 0 first
+            while pending:
+                timeout = None if early_exit is None else max(0.0, early_exit[1] - time.monotonic())
+                done, _ = await asyncio.wait(pending | {interrupt}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if interrupt in done:
+                    self.say("[bold yellow]interrupted: stopping every role[/]")
+                    code = 130
+                    break
+                if not done:  # the coordinator did not follow the early exit: it was a failure
+                    code = 1
+                    self._report_failure(early_exit[0], 0)
+                    break
+                failed = None
+                for task in done:
+                    pending.discard(task)
+                    role, status = exits[task], task.result()
+                    if status != 0:
+                        failed = (role, status)
+                    elif role.name == "coordinator":
+                        await self._await_clean_exit(pending, exits)
+                        pending.clear()
+                    elif early_exit is None:
+                        early_exit = (role, time.monotonic() + GRACE_S)
+                if failed is not None and not (failed[0].name != "coordinator" and self._coordinator_done()):
+                    code = 1
+                    self._report_failure(*failed)
+                    break
+        finally:
+            await self._stop_all()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            if live:
+                live.stop()
+        if code == 0:
+            self.say(f"[bold green]done[/]: metrics in {self.run_dir / 'metrics.jsonl'}, logs in {self.run_dir / 'logs'}")
+        return code
+
+    def _coordinator_done(self) -> bool:
+        coord = self.roles[0]
+        return coord.proc is not None and coord.proc.returncode == 0
+
+    async def _await_clean_exit(self, pending: set, exits: dict) -> None:
+        if not pending:
+            return
+        done, still = await asyncio.wait(pending, timeout=GRACE_S)
+        for task in done:
+            role = exits[task]
+            if task.result() != 0:
+                self.say(f"[yellow]{role.name} exited with status {task.result()} after the run finished[/]")
+        for task in still:
+            self.say(f"[yellow]{exits[task].name} did not exit after shutdown; stopping it[/]")
+
+    def _report_failure(self, role: RoleProcess, status: int) -> None:
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        if status == 0:
+            how = "exited before the run finished"
+        self.say(f"[bold red]role {role.name} {how}[/]; stopping the run. Last lines of {role.log_path}:")
+        for line in role.tail:
+            self.say(f"  [dim]{role.name}>[/] {_escape(line)}")
+
+    async def _stop_all(self) -> None:
+        self.stopping = True
+        alive = [r for r in self.roles if r.proc is not None and r.proc.returncode is None]
+        for r in alive:
+            _signal_group(r.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        for r in alive:
+            try:
+                await asyncio.wait_for(r.proc.wait(), max(0.1, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                _signal_group(r.proc.pid, signal.SIGKILL)
+                await r.proc.wait()
+        for r in self.roles:  # engine subprocesses outlive their role if it was killed hard
+            if r.proc is not None:
+                _signal_group(r.proc.pid, signal.SIGKILL)
+
+    async def _pump_output(self, role: RoleProcess) -> None:
+        with role.log_path.open("a") as log_file:
+            while True:
+                raw = await role.proc.stdout.readline()
+                if not raw:
+                    return
+                line = raw.decode(errors="replace").rstrip()
+                log_file.write(line + "\n")
+                log_file.flush()
+                role.tail.append(line)
+                self.say(f"[{role.color}]{role.name:>11}[/] | {_escape(line)}")
+
+    def _live(self):
+        if not self.show_progress:
+            return None
+        from rich.live import Live
+
+        from flashq.progress import ProgressView
+
+        view = ProgressView(self.run_dir / "metrics.jsonl", self.cfg.trainer.steps, self.cfg.name)
+        return Live(view, console=self.console, refresh_per_second=2, transient=False)
+
+    def say(self, text: str) -> None:
+        self.console.print(text, soft_wrap=True)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,101 @@
+"""Run metrics: one JSON line per record in `metrics.jsonl`, mirrored to TensorBoard.
+
+TensorBoard events are written with tensorboard's own event writer, so the coordinator does not
+need torch. Keys are flat strings ("rollout/tokens_per_s"); values are numbers. Keys that start
+with "hist/" hold a list of counts and are written as TensorBoard histograms.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path, tensorboard: bool = True):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / "metrics.jsonl"
+        self._file = self.path.open("a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self._tb = EventFileWriter(str(run_dir / "tensorboard"))
+
+    def write(self, step: int, record: dict[str, Any], kind: str = "step") -> None:
+        now = time.time()
+        self._file.write(json.dumps({"kind": kind, "step": step, "time": now, **record}) + "\n")
+        if self._tb is not None:
+            self._tb.add_event(_event(step, now, record, prefix="" if kind == "step" else f"{kind}/"))
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _event(step: int, wall_time: float, record: dict[str, Any], prefix: str):
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+
+    values = []
+    for key, value in record.items():
+        if key.startswith("hist/") and isinstance(value, list) and value:
+            counts = [float(c) for c in value]
+            total = sum(counts)
+            histo = HistogramProto(
+                min=0.0,
+                max=float(len(counts) - 1),
+                num=total,
+                sum=sum(i * c for i, c in enumerate(counts)),
+                sum_squares=sum(i * i * c for i, c in enumerate(counts)),
+                bucket_limit=[i + 0.5 for i in range(len(counts))],
+                bucket=counts,
+            )
+            values.append(Summary.Value(tag=prefix + key, histo=histo))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            values.append(Summary.Value(tag=prefix + key, simple_value=float(value)))
+    return Event(wall_time=wall_time, step=step, summary=Summary(value=values))
+
+
+def read_metrics(path: Path, kind: str | None = "step") -> list[dict[str, Any]]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if kind is None or rec.get("kind") == kind:
+                out.append(rec)
+    return out
+
+
+class BusyClock:
+    """Seconds with at least one request in flight vs none (engine idle share)."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.busy_s = 0.0
+        self.idle_s = 0.0
+        self._since = time.monotonic()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self.in_flight:
+            self.busy_s += now - self._since
+        else:
+            self.idle_s += now - self._since
+        self._since = now
+
+    def begin(self) -> None:
+        self._tick()
+        self.in_flight += 1
+
+    def end(self) -> None:
+        self._tick()
+        self.in_flight -= 1
+
+    def snapshot(self) -> tuple[float, float]:
+        self._tick()
+        return self.busy_s, self.idle_s

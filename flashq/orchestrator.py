@@ -1,0 +1,228 @@
+"""The coordinator's logic, without sockets: prompts in, requests out, samples to groups to batches.
+
+The path of one sample through here:
+  1. `pump` admits a task when the `StalenessGate` has capacity and a rollout worker has room;
+     the task becomes one group of n `GenerateRequest`s (prompt replication), each queued on
+     the rollout `LeastLoadedQueue` (queue scheduling).
+  2. `on_sample` takes a finished response and queues it at once for a reward worker.
+  3. `on_reward` files the score with its group; a group with all n scores is complete.
+  4. `pump` hands the trainer a batch of complete groups when it has asked for one and the gate
+     allows (earliest deadline first).
+Every method returns nothing; messages to send accumulate in `outbox` as (peer, message).
+The `Ledger` counts every sample at every stage, so none is lost or trained twice unseen.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from flashq.buffer import Group, GroupBuffer
+from flashq.config import FlashqConfig
+from flashq.dispatch import LeastLoadedQueue
+from flashq.protocol import GenerateRequest, Message, RewardResult, Sample, ScoreRequest
+from flashq.staleness import StalenessGate
+
+
+@dataclass
+class Ledger:
+    """Counts of samples at each stage; `check` says whether the books balance."""
+
+    groups_admitted: int = 0
+    requests_sent: int = 0
+    samples_received: int = 0
+    tokens_received: int = 0
+    rewards_received: int = 0
+    reward_errors: int = 0
+    samples_batched: int = 0
+    samples_trained: int = 0
+    batches_sent: int = 0
+    tasks_skipped: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)  # message-level rejections, by reason
+
+    def summary(self, buffer: GroupBuffer) -> dict:
+        waiting = sum(len(g.samples) for g in buffer.groups.values())
+        return {
+            "groups_admitted": self.groups_admitted,
+            "requests_sent": self.requests_sent,
+            "samples_received": self.samples_received,
+            "tokens_received": self.tokens_received,
+            "rewards_received": self.rewards_received,
+            "reward_errors": self.reward_errors,
+            "samples_batched": self.samples_batched,
+            "samples_trained": self.samples_trained,
+            "batches_sent": self.batches_sent,
+            "samples_in_buffer": waiting,
+            "requests_in_flight": self.requests_sent - self.samples_received,
+            "tasks_skipped": dict(self.tasks_skipped),
+            "rejected": dict(self.rejected),
+        }
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        cfg: FlashqConfig,
+        task_source,
+        encode_prompt: Callable[[dict], np.ndarray],
+        rollout_workers: list[str],
+        reward_workers: list[str],
+        trainer: str = "trainer",
+    ):
+        self.cfg = cfg
+        self.tasks = task_source
+        self.encode_prompt = encode_prompt
+        self.trainer = trainer
+        self.gate = StalenessGate(cfg.async_ratio, cfg.trainer.batch_groups, cfg.total_groups)
+        self.gen_queue: LeastLoadedQueue[GenerateRequest] = LeastLoadedQueue(
+            rollout_workers, cfg.rollout.max_inflight_per_worker
+        )
+        self.score_queue: LeastLoadedQueue[ScoreRequest] = LeastLoadedQueue(
+            reward_workers, cfg.reward.max_inflight_per_worker
+        )
+        self.buffer = GroupBuffer()
+        self.ledger = Ledger()
+        self.engine_version = 0
+        self.trained_version = 0
+        self.trainer_credits = 0
+        self.next_task = 0
+        self.next_group = 0
+        self.request_worker: dict[str, str] = {}  # request id -> rollout worker
+        self.request_sent_at: dict[str, float] = {}
+        self.score_worker: dict[str, str] = {}  # request id -> reward worker
+        self.batch_groups: dict[int, list[Group]] = {}  # sent to the trainer, not yet confirmed
+        self.outbox: list[tuple[str, Message]] = []
+
+    # ------------------------------------------------------------ events
+
+    def on_sample(self, peer: str, sample: Sample) -> None:
+        worker = self.request_worker.pop(sample.request_id, None)
+        if worker is None:
+            raise KeyError(f"sample {sample.request_id} from {peer} was not requested (or arrived twice)")
+        if worker != peer:
+            raise KeyError(f"sample {sample.request_id} came from {peer}, but was sent to {worker}")
+        self.request_sent_at.pop(sample.request_id, None)
+        self.gen_queue.done(worker)
+        group = self.buffer.add_sample(sample)
+        self.ledger.samples_received += 1
+        self.ledger.tokens_received += len(sample.token_ids)
+        self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
+
+    def on_reward(self, peer: str, result: RewardResult) -> None:
+        worker = self.score_worker.pop(result.request_id, None)
+        if worker is None:
+            raise KeyError(f"reward for {result.request_id} from {peer} was not requested (or arrived twice)")
+        self.score_queue.done(worker)
+        self.buffer.add_reward(result.request_id.rsplit("/", 1)[0], result)
+        self.ledger.rewards_received += 1
+        if result.error:
+            self.ledger.reward_errors += 1
+
+    def on_batch_request(self, credits: int) -> None:
+        self.trainer_credits += credits
+
+    def on_weights_served(self, version: int) -> None:
+        """Every rollout engine now serves `version`."""
+        if version <= self.engine_version:
+            raise ValueError(f"weight version went from {self.engine_version} to {version}")
+        self.engine_version = version
+
+    def on_step_trained(self, version: int) -> list[Group]:
+        """The trainer finished the batch with index version - 1 (and broadcast the result)."""
+        groups = self.batch_groups.pop(version - 1, None)
+        if groups is None:
+            raise KeyError(f"trainer reported step {version}, but batch {version - 1} was never sent")
+        self.trained_version = version
+        self.ledger.samples_trained += sum(g.size for g in groups)
+        return groups
+
+    @property
+    def done(self) -> bool:
+        return self.trained_version >= self.cfg.trainer.steps
+
+    # ------------------------------------------------------------ scheduling
+
+    def pump(self) -> None:
+        self._admit()
+        for worker, req in self.gen_queue.assignments():
+            self.request_worker[req.request_id] = worker
+            self.request_sent_at[req.request_id] = time.monotonic()
+            self.ledger.requests_sent += 1
+            self.outbox.append((worker, req))
+        for worker, req in self.score_queue.assignments():
+            self.score_worker[req.sample.request_id] = worker
+            self.outbox.append((worker, req))
+        self._send_batches()
+
+    def _admit(self) -> None:
+        while self.gate.capacity(self.engine_version) > 0 and self.gen_queue.free_slots() > 0:
+            task = self.tasks.task(self.next_task)
+            self.next_task += 1
+            prompt_ids = self.encode_prompt(task)
+            room = self.cfg.rollout.max_model_len - self.cfg.sampling.max_tokens
+            if len(prompt_ids) > room:
+                self.ledger.tasks_skipped["prompt longer than max_model_len - max_tokens"] += 1
+                continue
+            gid = f"g{self.next_group}"
+            self.next_group += 1
+            admission = self.gate.admit(gid, self.engine_version)
+            n = self.cfg.sampling.group_size
+            self.buffer.add_group(Group(task=task, prompt_ids=prompt_ids, size=n, admission=admission))
+            self.ledger.groups_admitted += 1
+            for k in range(n):
+                self.gen_queue.submit(self._request(gid, k, prompt_ids))
+
+    def _request(self, gid: str, k: int, prompt_ids: np.ndarray) -> GenerateRequest:
+        s = self.cfg.sampling
+        index = int(gid[1:]) * s.group_size + k
+        max_tokens, min_tokens = s.max_tokens, 0
+        if s.forced_lengths is not None:
+            max_tokens = min_tokens = forced_length(s.forced_lengths, index)
+        return GenerateRequest(
+            request_id=f"{gid}/{k}",
+            group_id=gid,
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=(self.cfg.seed * 1_000_003 + index) % (2**31),
+        )
+
+    def _send_batches(self) -> None:
+        while self.trainer_credits > 0:
+            chosen = self.gate.select_batch(self.buffer.complete)
+            if chosen is None:
+                return
+            index = self.gate.next_batch - 1
+            batch, groups = self.buffer.take(chosen, index)
+            self.batch_groups[index] = groups
+            self.trainer_credits -= 1
+            self.ledger.batches_sent += 1
+            self.ledger.samples_batched += len(batch.request_ids)
+            self.outbox.append((self.trainer, batch))
+
+    # ------------------------------------------------------------ observability
+
+    def queue_depths(self) -> dict[str, float]:
+        return {
+            "queue/generate_waiting": len(self.gen_queue.waiting),
+            "queue/generate_in_flight": self.gen_queue.in_flight,
+            "queue/score_waiting": len(self.score_queue.waiting),
+            "queue/score_in_flight": self.score_queue.in_flight,
+            "queue/groups_in_buffer": len(self.buffer),
+            "queue/groups_complete": len(self.buffer.complete),
+            "queue/batches_at_trainer": len(self.batch_groups),
+        }
+
+
+def forced_length(fl, index: int) -> int:
+    """Deterministic heavy-tailed length for request `index` (lognormal, clipped)."""
+    z = random.Random(f"{fl.seed}:{index}").gauss(0.0, 1.0)
+    return int(min(fl.max, max(fl.min, round(fl.median * math.exp(fl.sigma * z)))))

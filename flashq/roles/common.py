@@ -1,0 +1,124 @@
+"""What every role process shares: logging, model resolution, the hello/start handshake,
+heartbeats, and a clean exit that tells the coordinator why a role went down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from flashq.config import FlashqConfig
+from flashq.protocol import Fatal, Heartbeat, Hello, Start
+from flashq.transport import Link, PeerLost
+
+log = logging.getLogger("flashq")
+
+
+def setup_logging(level: str = "INFO", vllm_level: str = "WARNING") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
+    logging.getLogger("vllm").setLevel(getattr(logging, vllm_level))
+
+
+def role_index(role: str) -> int:
+    _, _, idx = role.partition("-")
+    return int(idx) if idx.isdigit() else 0
+
+
+def resolve_model(cfg: FlashqConfig) -> Path | str:
+    """The checkpoint every role loads: the built-in tiny model (built on first use) or a name."""
+    if cfg.model.name == "tiny":
+        from flashq.models.tiny import ensure_tiny_model
+
+        return ensure_tiny_model(cfg.model.tiny, cfg.model.cache_dir)
+    return cfg.model.name
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def connect(cfg: FlashqConfig, address: str, role: str) -> Link:
+    t = cfg.transport
+    return Link(address, role, hwm=t.hwm, max_message_bytes=t.max_message_mb << 20)
+
+
+async def handshake(link: Link, cfg: FlashqConfig, hello: Hello) -> Start:
+    await link.send(hello)
+    while True:
+        msg = await link.recv_within(cfg.transport.startup_timeout_s, "start message")
+        if isinstance(msg, Start):
+            return msg
+        if not isinstance(msg, Heartbeat):
+            raise RuntimeError(f"expected the start message, got {type(msg).__name__}")
+
+
+def hello(role: str, **kw) -> Hello:
+    return Hello(role=role.split("-")[0], index=role_index(role), pid=os.getpid(), host=socket.gethostname(), **kw)
+
+
+async def heartbeat(link: Link, cfg: FlashqConfig) -> None:
+    """Send a heartbeat every period; fail if the coordinator has been silent too long."""
+    t = cfg.transport
+    while True:
+        await asyncio.sleep(t.heartbeat_s)
+        await link.send(Heartbeat(sent_at=time.time()))
+        if link.silent_for() > t.liveness_timeout_s:
+            raise PeerLost(f"{link.identity}: coordinator silent for {link.silent_for():.0f}s")
+
+
+async def serve_until_done(serve: Callable[[asyncio.TaskGroup], Awaitable[None]], *background: Awaitable[None]) -> None:
+    """Run `serve` (which may spawn tasks into the group) beside background loops; when `serve`
+    returns, stop the background; when anything fails, stop everything and raise."""
+    async with asyncio.TaskGroup() as tg:
+        loops = [tg.create_task(b) for b in background]
+        await serve(tg)
+        for task in loops:
+            task.cancel()
+
+
+def first_error(e: BaseException) -> BaseException:
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
+def run_role(role: str, main: Callable[[], Awaitable[None]], link_getter: Callable[[], Link | None]) -> int:
+    """Run a role's coroutine on uvloop; on failure tell the coordinator why, then exit 1."""
+    import uvloop
+
+    async def guarded() -> int:
+        try:
+            await main()
+            return 0
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            return 130
+        except BaseException as e:  # noqa: BLE001 - the role is going down; report whatever it was
+            cause = first_error(e)
+            if isinstance(cause, (KeyboardInterrupt, asyncio.CancelledError)):
+                return 130
+            reason = f"{type(cause).__name__}: {cause}"
+            log.error("%s failed: %s\n%s", role, reason, traceback.format_exc())
+            link = link_getter()
+            if link is not None:
+                try:
+                    await asyncio.wait_for(link.send(Fatal(role=role, reason=reason[:2000])), 2)
+                    await asyncio.sleep(0.2)
+                except Exception:  # noqa: BLE001 - best effort: the launcher still sees the exit code
+                    pass
+            return 1
+
+    return uvloop.run(guarded())

@@ -1,0 +1,272 @@
+"""Coordinator process: the hub every other role connects to.
+
+It owns the `Orchestrator` (prompt source, staleness gate, dispatch, sample buffer) and does the
+process-facing work around it: the startup handshake, fanning weight-sync calls out to every
+rollout worker, liveness, per-step metrics, and the final books (`ledger.json`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from flashq.config import FlashqConfig
+from flashq.data import make_task_source
+from flashq.metrics import MetricsLog
+from flashq.orchestrator import Orchestrator
+from flashq.protocol import (
+    BatchRequest,
+    Fatal,
+    Heartbeat,
+    Hello,
+    Message,
+    RewardResult,
+    Sample,
+    Shutdown,
+    Start,
+    StepStats,
+    WeightSyncCall,
+    WeightSyncReply,
+    WorkerStats,
+)
+from flashq.roles.common import resolve_model
+from flashq.transport import Hub, PeerLost
+
+log = logging.getLogger("flashq.coordinator")
+
+
+class RoleFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class PendingSync:
+    call: WeightSyncCall
+    waiting: set[str]
+    errors: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+
+class Coordinator:
+    def __init__(self, cfg: FlashqConfig, address: str, run_dir: Path):
+        self.cfg = cfg
+        self.address = address
+        self.run_dir = run_dir
+        self.rollouts = [r for r in cfg.role_names() if r.startswith("rollout-")]
+        self.rewards = [r for r in cfg.role_names() if r.startswith("reward-")]
+        self.peers = self.rollouts + self.rewards + ["trainer"]
+        self.syncs: dict[int, PendingSync] = {}
+        self.worker_stats: dict[str, dict[str, float]] = {}
+        self.prev_clock: dict[str, tuple[float, float]] = {}
+        self.prev_tokens = 0
+        self.started = time.monotonic()
+        self.last_step_at = self.started
+
+    async def run(self) -> None:
+        from transformers import AutoTokenizer
+
+        t = self.cfg.transport
+        self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=t.max_message_mb << 20)
+        log.info("coordinator listening on %s", self.hub.address)
+        tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
+
+        def encode(task: dict) -> np.ndarray:
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": task["prompt"]}], add_generation_prompt=True, tokenize=False
+            )
+            return np.asarray(tokenizer(ids, add_special_tokens=False)["input_ids"], dtype=np.int32)
+
+        self.orch = Orchestrator(self.cfg, make_task_source(self.cfg.task), encode, self.rollouts, self.rewards)
+        self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.log.tensorboard)
+        try:
+            await self._startup()
+            async with asyncio.TaskGroup() as tg:
+                ticker = tg.create_task(self._tick())
+                await self._serve()
+                ticker.cancel()
+            await self._broadcast(Shutdown(reason="training finished"))
+        except BaseException as e:
+            reason = e.exceptions[0] if isinstance(e, BaseExceptionGroup) else e
+            await self._broadcast(Shutdown(reason=f"coordinator stopping: {reason}"))
+            raise
+        finally:
+            self._write_ledger()
+            self.metrics.close()
+            await asyncio.sleep(0.2)
+            self.hub.close()
+
+    # ------------------------------------------------------------ startup
+
+    async def _startup(self) -> None:
+        hellos: dict[str, Hello] = {}
+        deadline = time.monotonic() + self.cfg.transport.startup_timeout_s
+        while len(hellos) < len(self.peers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(self.peers) - set(hellos))
+                raise PeerLost(f"roles never connected within {self.cfg.transport.startup_timeout_s:.0f}s: {', '.join(missing)}")
+            try:
+                peer, msg = await asyncio.wait_for(self.hub.recv(), left)
+            except asyncio.TimeoutError:
+                continue
+            if isinstance(msg, Fatal):
+                raise RoleFailed(f"{msg.role} failed during startup: {msg.reason}")
+            if isinstance(msg, Hello):
+                if peer not in self.peers:
+                    log.warning("ignoring hello from unexpected peer %r (expected %s)", peer, ", ".join(self.peers))
+                    continue
+                hellos[peer] = msg
+                log.info("%s connected (pid %d on %s)", peer, msg.pid, msg.host)
+        offsets, world = {}, 0
+        for r in self.rollouts:
+            offsets[r] = 1 + world
+            world += hellos[r].engine_ranks
+        for peer in self.peers:
+            await self.hub.send(peer, Start(run_id=self.run_dir.name, inference_world_size=world, rank_offset=offsets.get(peer, 0)))
+        self.rank_offsets = offsets
+        log.info("all %d roles connected; %d inference rank(s); async_ratio=%g", len(self.peers), world, self.cfg.async_ratio)
+
+    # ------------------------------------------------------------ main loop
+
+    async def _serve(self) -> None:
+        await self._pump()
+        while not self.orch.done:
+            peer, msg = await self.hub.recv()
+            try:
+                self._handle(peer, msg)
+            except (KeyError, ValueError) as e:
+                self.orch.ledger.rejected[f"{type(msg).__name__}: {str(e)[:60]}"] += 1
+                log.warning("rejected %s from %s: %s", type(msg).__name__, peer, e)
+            await self._pump()
+        log.info("trained %d steps; books: %s", self.cfg.trainer.steps, json.dumps(self.orch.ledger.summary(self.orch.buffer)))
+
+    def _handle(self, peer: str, msg: Message) -> None:
+        orch = self.orch
+        if isinstance(msg, Sample):
+            orch.on_sample(peer, msg)
+        elif isinstance(msg, RewardResult):
+            orch.on_reward(peer, msg)
+        elif isinstance(msg, BatchRequest):
+            orch.on_batch_request(msg.credits)
+        elif isinstance(msg, WeightSyncCall):
+            self._fan_out(peer, msg)
+        elif isinstance(msg, WeightSyncReply):
+            self._gather(peer, msg)
+        elif isinstance(msg, StepStats):
+            orch.on_step_trained(msg.step)
+            self._log_step(msg)
+        elif isinstance(msg, WorkerStats):
+            self.worker_stats[peer] = msg.metrics
+        elif isinstance(msg, Fatal):
+            raise RoleFailed(f"{msg.role} failed: {msg.reason}")
+        elif not isinstance(msg, Heartbeat):
+            raise ValueError(f"unexpected {type(msg).__name__}")
+
+    async def _pump(self) -> None:
+        self.orch.pump()
+        outbox, self.orch.outbox = self.orch.outbox, []
+        for peer, msg in outbox:
+            await self.hub.send(peer, msg)
+
+    def _fan_out(self, peer: str, call: WeightSyncCall) -> None:
+        if peer != "trainer":
+            raise ValueError(f"weight sync call from {peer}; only the trainer may start one")
+        self.syncs[call.call_id] = PendingSync(call, set(self.rollouts))
+        for r in self.rollouts:
+            payload = call.payload
+            if call.method == "init_weight_transfer_engine":
+                payload = {**payload, "rank_offset": self.rank_offsets[r]}
+            self.orch.outbox.append((r, WeightSyncCall(call.call_id, call.method, payload, call.version)))
+
+    def _gather(self, peer: str, reply: WeightSyncReply) -> None:
+        pending = self.syncs.get(reply.call_id)
+        if pending is None or peer not in pending.waiting:
+            raise KeyError(f"weight sync reply {reply.call_id} from {peer} matches no pending call")
+        pending.waiting.discard(peer)
+        if not reply.ok:
+            pending.errors.append(reply.error)
+        if pending.waiting:
+            return
+        del self.syncs[reply.call_id]
+        ok = not pending.errors
+        if ok and pending.call.method == "finish_weight_update":
+            self.orch.on_weights_served(pending.call.version)
+        self.orch.outbox.append(
+            ("trainer", WeightSyncReply(reply.call_id, ok=ok, error="; ".join(pending.errors), seconds=time.monotonic() - pending.started))
+        )
+
+    async def _tick(self) -> None:
+        t = self.cfg.transport
+        while True:
+            await asyncio.sleep(t.heartbeat_s)
+            for peer in self.peers:
+                await self.hub.send(peer, Heartbeat(sent_at=time.time()))
+            silent = self.hub.silent_peers(self.peers, t.liveness_timeout_s)
+            if silent:
+                raise PeerLost(f"no message for {t.liveness_timeout_s:.0f}s from: {', '.join(silent)}")
+
+    async def _broadcast(self, msg: Message) -> None:
+        for peer in self.peers:
+            try:
+                await asyncio.wait_for(self.hub.send(peer, msg), 1.0)
+            except (PeerLost, asyncio.TimeoutError):
+                pass
+
+    # ------------------------------------------------------------ observability
+
+    def _log_step(self, stats: StepStats) -> None:
+        now = time.monotonic()
+        step_s, self.last_step_at = now - self.last_step_at, now
+        rec = dict(stats.metrics)
+        rec.update(self.orch.queue_depths())
+        rec.update(self._rates(step_s))
+        rec["time/step_s"] = step_s
+        rec["time/elapsed_s"] = now - self.started
+        rec["trainer/idle_share"] = min(1.0, stats.metrics.get("trainer/wait_s", 0.0) / max(step_s, 1e-9))
+        rec["engine_version"] = float(self.orch.engine_version)
+        rec["groups_admitted"] = float(self.orch.ledger.groups_admitted)
+        rec["rejected_frames"] = float(sum(self.hub.rejected.values()))
+        self.metrics.write(stats.step, rec)
+        log.info(
+            "step %d/%d  reward %.3f  staleness %s  %.0f tok/s  rollout idle %.0f%%",
+            stats.step, self.cfg.trainer.steps, rec.get("reward/mean", 0.0),
+            [int(rec[k]) for k in sorted(rec) if k.startswith("hist/staleness/")],
+            rec.get("rollout/tokens_per_s", 0.0), 100 * rec.get("rollout/idle_share", 0.0),
+        )
+
+    def _rates(self, step_s: float) -> dict[str, float]:
+        """Per-step tokens/s and idle shares, from the dispatcher's own view of each worker
+        (idle = nothing in flight on it)."""
+        tokens = self.orch.ledger.tokens_received
+        out = {"rollout/tokens_per_s": (tokens - self.prev_tokens) / max(step_s, 1e-9)}
+        self.prev_tokens = tokens
+        for kind, queue in (("rollout", self.orch.gen_queue), ("reward", self.orch.score_queue)):
+            shares = []
+            for worker, clock in queue.clocks.items():
+                busy, idle = clock.snapshot()
+                prev_busy, prev_idle = self.prev_clock.get(worker, (0.0, 0.0))
+                span = (busy - prev_busy) + (idle - prev_idle)
+                share = (idle - prev_idle) / span if span > 0 else 0.0
+                out[f"{kind}/idle_share/{worker}"] = share
+                shares.append(share)
+                self.prev_clock[worker] = (busy, idle)
+            out[f"{kind}/idle_share"] = sum(shares) / len(shares)
+        for peer, stats in self.worker_stats.items():
+            if "weight_sync_s" in stats:
+                out[f"rollout/weight_sync_s/{peer}"] = stats["weight_sync_s"]
+        return out
+
+    def _write_ledger(self) -> None:
+        if not hasattr(self, "orch"):
+            return
+        books = self.orch.ledger.summary(self.orch.buffer)
+        books["rejected_frames"] = dict(self.hub.rejected)
+        books["trained_steps"] = self.orch.trained_version
+        books["finished"] = self.orch.done
+        (self.run_dir / "ledger.json").write_text(json.dumps(books, indent=2))

@@ -1,0 +1,105 @@
+"""Reward worker process: decode each sample and score it with the configured plug-in.
+
+A reward function that raises or runs past `reward.timeout_s` scores 0 with the error recorded;
+it never stalls the run. Sync functions run in a thread so the socket keeps moving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+
+from flashq.config import FlashqConfig
+from flashq.metrics import BusyClock
+from flashq.protocol import Heartbeat, RewardResult, ScoreRequest, Shutdown, WorkerStats
+from flashq.rewards import load_reward_fn
+from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
+from flashq.transport import Link
+
+log = logging.getLogger("flashq.reward")
+
+
+class RewardScorer:
+    """Plain, socket-free scoring: decode, call the plug-in under a timeout, never raise."""
+
+    def __init__(self, fn, decode, timeout_s: float):
+        self.fn = fn
+        self.decode = decode
+        self.timeout_s = timeout_s
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+    async def score(self, req: ScoreRequest) -> RewardResult:
+        t0 = time.monotonic()
+        rid = req.sample.request_id
+        try:
+            text = self.decode(req.sample.token_ids)
+            call = self.fn(req.task, text) if self.is_async else asyncio.to_thread(self.fn, req.task, text)
+            value = float(await asyncio.wait_for(call, self.timeout_s))
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"reward function returned {value}")
+            return RewardResult(rid, value, seconds=time.monotonic() - t0)
+        except asyncio.TimeoutError:
+            return RewardResult(rid, 0.0, error=f"timed out after {self.timeout_s}s", seconds=time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - a broken reward scores 0 and is counted, by design
+            return RewardResult(rid, 0.0, error=f"{type(e).__name__}: {e}"[:500], seconds=time.monotonic() - t0)
+
+
+class RewardWorker:
+    def __init__(self, cfg: FlashqConfig, role: str, address: str):
+        self.cfg = cfg
+        self.role = role
+        self.address = address
+        self.link: Link | None = None
+        self.clock = BusyClock()
+        self.scored = 0
+        self.errors = 0
+
+    async def run(self) -> None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
+        self.scorer = RewardScorer(
+            load_reward_fn(self.cfg.reward.function),
+            lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=True),
+            self.cfg.reward.timeout_s,
+        )
+        self.link = connect(self.cfg, self.address, self.role)
+        await handshake(self.link, self.cfg, hello(self.role))
+        await serve_until_done(self._serve, heartbeat(self.link, self.cfg), self._report_stats())
+
+    async def _serve(self, tg: asyncio.TaskGroup) -> None:
+        while True:
+            msg = await self.link.recv()
+            if isinstance(msg, ScoreRequest):
+                tg.create_task(self._score(msg))
+            elif isinstance(msg, Shutdown):
+                return
+            elif not isinstance(msg, Heartbeat):
+                log.warning("%s: ignoring unexpected %s", self.role, type(msg).__name__)
+
+    async def _score(self, req: ScoreRequest) -> None:
+        self.clock.begin()
+        try:
+            result = await self.scorer.score(req)
+        finally:
+            self.clock.end()
+        self.scored += 1
+        if result.error:
+            self.errors += 1
+            if self.errors <= 10 or self.errors % 100 == 0:
+                log.warning("reward for %s failed (%d so far): %s", result.request_id, self.errors, result.error)
+        await self.link.send(result)
+
+    async def _report_stats(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.log.stats_interval_s)
+            busy, idle = self.clock.snapshot()
+            await self.link.send(
+                WorkerStats(
+                    role="reward",
+                    index=role_index(self.role),
+                    metrics={"busy_s": busy, "idle_s": idle, "scored": float(self.scored), "errors": float(self.errors)},
+                )
+            )

@@ -1,0 +1,105 @@
+"""Rollout worker process: a thin shell around `RolloutEngine`.
+
+Each `GenerateRequest` becomes its own asyncio task, so the engine batches whatever is in flight
+and every sample goes back the moment it finishes. Weight-sync calls run in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from flashq.config import FlashqConfig
+from flashq.metrics import BusyClock
+from flashq.engine.vllm_engine import RolloutEngine
+from flashq.protocol import GenerateRequest, Heartbeat, Sample, Shutdown, WeightSyncCall, WeightSyncReply, WorkerStats
+from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
+from flashq.transport import Link
+
+log = logging.getLogger("flashq.rollout")
+
+
+class RolloutWorker:
+    def __init__(self, cfg: FlashqConfig, role: str, address: str):
+        self.cfg = cfg
+        self.role = role
+        self.address = address
+        self.index = role_index(role)
+        self.link: Link | None = None
+        self.clock = BusyClock()
+        self.tokens = 0
+        self.requests = 0
+        self.sync_s = 0.0
+        self.sync_lock = asyncio.Lock()
+        self.tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        from vllm.platforms import current_platform
+
+        device = "cpu" if current_platform.is_cpu() else "cuda"
+        engine = RolloutEngine(self.cfg, resolve_model(self.cfg), self.index, device)
+        await engine.start()
+        self.engine = engine
+        try:
+            self.link = connect(self.cfg, self.address, self.role)
+            await handshake(self.link, self.cfg, hello(self.role, engine_ranks=engine.engine_ranks))
+            log.info("%s ready (%s engine, %d rank(s))", self.role, device, engine.engine_ranks)
+            await serve_until_done(self._serve, heartbeat(self.link, self.cfg), self._report_stats())
+        finally:
+            await engine.shutdown()
+
+    async def _serve(self, tg: asyncio.TaskGroup) -> None:
+        while True:
+            msg = await self.link.recv()
+            if isinstance(msg, GenerateRequest):
+                tg.create_task(self._generate(msg))
+            elif isinstance(msg, WeightSyncCall):
+                tg.create_task(self._weight_sync(msg))
+            elif isinstance(msg, Shutdown):
+                log.info("%s: shutdown (%s)", self.role, msg.reason)
+                return
+            elif not isinstance(msg, Heartbeat):
+                log.warning("%s: ignoring unexpected %s", self.role, type(msg).__name__)
+
+    async def _generate(self, req: GenerateRequest) -> None:
+        self.clock.begin()
+        try:
+            sample: Sample = await self.engine.generate(req)
+        finally:
+            self.clock.end()
+        self.tokens += len(sample.token_ids)
+        self.requests += 1
+        await self.link.send(sample)
+
+    async def _weight_sync(self, call: WeightSyncCall) -> None:
+        async with self.sync_lock:
+            t0 = time.monotonic()
+            try:
+                await self.engine.weight_sync(call.method, call.payload, call.version)
+                reply = WeightSyncReply(call.call_id, ok=True, seconds=time.monotonic() - t0)
+            except Exception as e:  # noqa: BLE001 - reported to the trainer, which stops the run
+                log.exception("%s: %s failed", self.role, call.method)
+                reply = WeightSyncReply(call.call_id, ok=False, error=f"{self.role}: {type(e).__name__}: {e}")
+            self.sync_s += time.monotonic() - t0
+            await self.link.send(reply)
+
+    async def _report_stats(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.log.stats_interval_s)
+            busy, idle = self.clock.snapshot()
+            await self.link.send(
+                WorkerStats(
+                    role="rollout",
+                    index=self.index,
+                    metrics={
+                        "busy_s": busy,
+                        "idle_s": idle,
+                        "tokens": float(self.tokens),
+                        "requests": float(self.requests),
+                        "in_flight": float(self.clock.in_flight),
+                        "weight_sync_s": self.sync_s,
+                        "version": float(self.engine.version),
+                    },
+                )
+            )

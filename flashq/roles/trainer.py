@@ -1,0 +1,138 @@
+"""Trainer process: ask for a batch, take one optimizer step, broadcast the new weights, repeat.
+
+Torch work runs on one executor thread so the event loop keeps answering the socket (heartbeats,
+weight-sync replies) while a step computes. The weight broadcast is vLLM's trainer engine,
+whose calls to the inference side come back into this loop as `WeightSyncCall` round trips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from flashq.config import FlashqConfig
+from flashq.protocol import BatchRequest, Heartbeat, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
+from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
+from flashq.transport import Link, PeerLost
+
+log = logging.getLogger("flashq.trainer")
+
+
+class TrainerRole:
+    def __init__(self, cfg: FlashqConfig, role: str, address: str, run_dir: Path):
+        self.cfg = cfg
+        self.role = role
+        self.address = address
+        self.run_dir = run_dir
+        self.link: Link | None = None
+        self.batches: asyncio.Queue[TrainBatch] = asyncio.Queue()
+        self.replies: dict[int, asyncio.Future] = {}
+        self.call_ids = itertools.count()
+        self.shutdown = asyncio.Event()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
+
+    async def run(self) -> None:
+        from flashq.trainer.learner import Learner
+
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        learner = await loop.run_in_executor(self.pool, Learner, self.cfg, resolve_model(self.cfg))
+        ws = self.cfg.weight_sync
+        self.port = ws.port or free_port(ws.host)
+        self.link = connect(self.cfg, self.address, self.role)
+        start = await handshake(self.link, self.cfg, hello(self.role, rendezvous=f"{ws.host}:{self.port}"))
+        log.info("trainer ready on %s; %d inference rank(s) to feed", learner.device, start.inference_world_size)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        record = (self.run_dir / "trained.jsonl").open("a", buffering=1)
+        try:
+            await serve_until_done(lambda tg: self._train(learner, start, record), self._read(), heartbeat(self.link, self.cfg))
+        finally:
+            record.close()
+
+    async def _train(self, learner, start, record) -> None:
+        from flashq.engine.weights import WeightPusher
+
+        loop = self.loop
+        ws = self.cfg.weight_sync
+        pusher = await loop.run_in_executor(
+            self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, start.inference_world_size, self.port, learner.device)
+        )
+        log.info("weight transfer group ready (%s)", pusher.backend)
+        await self.link.send(BatchRequest(credits=2))  # one batch in hand, one being assembled
+        for step in range(learner.version, self.cfg.trainer.steps):
+            t_wait = time.monotonic()
+            batch = await self.batches.get()
+            wait_s = time.monotonic() - t_wait
+            if step + 1 < self.cfg.trainer.steps:
+                await self.link.send(BatchRequest(credits=1))
+            metrics = await loop.run_in_executor(self.pool, learner.train_step, batch)
+            sync_s = await loop.run_in_executor(self.pool, pusher.push, learner.version)
+            metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s})
+            record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
+            await self.link.send(StepStats(step=learner.version, metrics=_scalars(metrics)))
+            log.info("step %d: reward %.3f, staleness max %d, sync %.2fs", learner.version, metrics["reward/mean"], metrics["staleness/max"], sync_s)
+        try:
+            await asyncio.wait_for(self.shutdown.wait(), self.cfg.transport.liveness_timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerLost("trained every step but the coordinator never said shutdown") from None
+        await loop.run_in_executor(self.pool, pusher.close)
+
+    def _rpc(self, method: str, payload, version: int) -> None:
+        """Called from the torch thread: one weight-sync round trip through the coordinator."""
+        future = asyncio.run_coroutine_threadsafe(self._call(method, payload, version), self.loop)
+        reply = future.result(timeout=self.cfg.weight_sync.timeout_s)
+        if not reply.ok:
+            raise RuntimeError(f"weight sync {method} failed: {reply.error}")
+
+    async def _call(self, method: str, payload, version: int) -> WeightSyncReply:
+        call_id = next(self.call_ids)
+        fut = self.loop.create_future()
+        self.replies[call_id] = fut
+        await self.link.send(WeightSyncCall(call_id=call_id, method=method, payload=payload, version=version))
+        return await fut
+
+    async def _read(self) -> None:
+        while True:
+            msg = await self.link.recv()
+            if isinstance(msg, TrainBatch):
+                self.batches.put_nowait(msg)
+            elif isinstance(msg, WeightSyncReply):
+                fut = self.replies.pop(msg.call_id, None)
+                if fut is None:
+                    log.warning("weight sync reply for unknown call %d", msg.call_id)
+                else:
+                    fut.set_result(msg)
+            elif isinstance(msg, Shutdown):
+                self.shutdown.set()
+            elif not isinstance(msg, Heartbeat):
+                log.warning("trainer: ignoring unexpected %s", type(msg).__name__)
+
+
+def trained_record(batch: TrainBatch, version_after: int) -> dict:
+    """What the trainer trained at version `version_after - 1`: request ids and their token
+    version range, for auditing staleness and exactly-once afterwards."""
+    versions = np.asarray(batch.versions)
+    offsets = batch.response_offsets
+    per_request = []
+    for i, rid in enumerate(batch.request_ids):
+        v = versions[offsets[i] : offsets[i + 1]]
+        per_request.append([rid, int(v.min()) if len(v) else -1, int(v.max()) if len(v) else -1, int(len(v))])
+    return {"trainer_version": version_after - 1, "batch_index": batch.batch_index, "requests": per_request}
+
+
+def _scalars(metrics: dict) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, list):
+            for i, c in enumerate(v):
+                out[f"{k}/{i}"] = float(c)
+        else:
+            out[k] = float(v)
+    return out

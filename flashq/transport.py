@@ -1,0 +1,139 @@
+"""ZeroMQ links between the coordinator and the other roles, on asyncio.
+
+One ROUTER socket (`Hub`, in the coordinator) and one DEALER socket per other role (`Link`).
+Every frame passes through `codec`: a frame that does not decode is dropped with a logged,
+counted reason (`rejected`), and the socket carries on.
+
+Backpressure has two layers. The application gives credits: the coordinator never has more
+than a cap of requests in flight per worker, the trainer asks for each batch. Below that, the
+high-water marks bound what sits in ZeroMQ's queues; the ROUTER is `ROUTER_MANDATORY`, so at
+the mark a send waits (or fails for a peer that is gone) instead of silently dropping, which is
+ROUTER's default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+import zmq
+import zmq.asyncio
+
+from flashq.codec import Decoder, Encoder, RejectedFrame
+from flashq.protocol import Message
+
+log = logging.getLogger(__name__)
+
+
+class PeerLost(RuntimeError):
+    """A peer stopped answering (no frame within the liveness timeout) or is unknown."""
+
+
+def _configure(sock: zmq.asyncio.Socket, hwm: int, max_message_bytes: int) -> None:
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+
+
+class _Codec:
+    def __init__(self, max_message_bytes: int) -> None:
+        self.encoder = Encoder()
+        self.decoder = Decoder(max_message_bytes)
+        self.rejected: Counter[str] = Counter()
+
+    def reject(self, peer: str, err: RejectedFrame) -> None:
+        key = err.reason.split(":")[0][:80]
+        self.rejected[key] += 1
+        count = sum(self.rejected.values())
+        if count <= 20 or count % 1000 == 0:
+            log.warning("rejected frame from %s (%d so far): %s", peer or "?", count, err.reason)
+
+
+class Hub:
+    """The coordinator's ROUTER: receives from and sends to named peers."""
+
+    def __init__(self, address: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30):
+        self.ctx = zmq.asyncio.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        _configure(self.sock, hwm, max_message_bytes)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.bind(address)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.codec = _Codec(max_message_bytes)
+        self.last_seen: dict[str, float] = {}
+
+    async def send(self, peer: str, msg: Message) -> None:
+        frames = self.codec.encoder.encode(msg)
+        try:
+            await self.sock.send_multipart([peer.encode(), *frames], copy=False)
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                raise PeerLost(f"{peer} is not connected") from None
+            raise
+
+    async def recv(self) -> tuple[str, Message]:
+        """Next valid message; invalid frames are counted and skipped."""
+        while True:
+            ident, *frames = await self.sock.recv_multipart(copy=False)
+            peer = bytes(ident.buffer).decode(errors="replace")
+            self.last_seen[peer] = time.monotonic()
+            try:
+                return peer, self.codec.decoder.decode(frames)
+            except RejectedFrame as e:
+                self.codec.reject(peer, e)
+
+    @property
+    def rejected(self) -> Counter[str]:
+        return self.codec.rejected
+
+    def silent_peers(self, peers: list[str], timeout_s: float) -> list[str]:
+        now = time.monotonic()
+        return [p for p in peers if now - self.last_seen.get(p, now) > timeout_s]
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class Link:
+    """A role's DEALER connection to the coordinator."""
+
+    def __init__(self, address: str, identity: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30):
+        self.ctx = zmq.asyncio.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        _configure(self.sock, hwm, max_message_bytes)
+        self.sock.setsockopt(zmq.IDENTITY, identity.encode())
+        self.sock.connect(address)
+        self.identity = identity
+        self.codec = _Codec(max_message_bytes)
+        self.last_seen = time.monotonic()
+
+    async def send(self, msg: Message) -> None:
+        await self.sock.send_multipart(self.codec.encoder.encode(msg), copy=False)
+
+    async def recv(self) -> Message:
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            self.last_seen = time.monotonic()
+            try:
+                return self.codec.decoder.decode(frames)
+            except RejectedFrame as e:
+                self.codec.reject("coordinator", e)
+
+    async def recv_within(self, timeout_s: float, waiting_for: str) -> Message:
+        try:
+            return await asyncio.wait_for(self.recv(), timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerLost(f"{self.identity}: no {waiting_for} from the coordinator within {timeout_s:.0f}s") from None
+
+    @property
+    def rejected(self) -> Counter[str]:
+        return self.codec.rejected
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.last_seen
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
