@@ -82,6 +82,8 @@ class Decoder:
             raise RejectedFrame(f"invalid message: {e}") from None
         except msgspec.DecodeError as e:
             raise RejectedFrame(f"malformed msgpack: {e}") from None
+        except (UnicodeDecodeError, ValueError, TypeError, OverflowError) as e:  # msgspec lets some through
+            raise RejectedFrame(f"malformed message: {type(e).__name__}: {e}") from None
         finally:
             self._frames = []
         if env.schema != SCHEMA_VERSION:

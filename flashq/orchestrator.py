@@ -102,11 +102,12 @@ class Orchestrator:
     # ------------------------------------------------------------ events
 
     def on_sample(self, peer: str, sample: Sample) -> None:
-        worker = self.request_worker.pop(sample.request_id, None)
+        worker = self.request_worker.get(sample.request_id)
         if worker is None:
             raise KeyError(f"sample {sample.request_id} from {peer} was not requested (or arrived twice)")
         if worker != peer:
             raise KeyError(f"sample {sample.request_id} came from {peer}, but was sent to {worker}")
+        del self.request_worker[sample.request_id]
         self.request_sent_at.pop(sample.request_id, None)
         self.gen_queue.done(worker)
         group = self.buffer.add_sample(sample)

@@ -52,6 +52,17 @@ class _Codec:
             log.warning("rejected frame from %s (%d so far): %s", peer or "?", count, err.reason)
 
 
+def _peer_name(raw: bytes) -> str:
+    """Roles set printable identities; anything else (a stray socket) is shown in hex."""
+    try:
+        name = raw.decode()
+        if name.isprintable():
+            return name
+    except UnicodeDecodeError:
+        pass
+    return "0x" + raw.hex()
+
+
 class Hub:
     """The coordinator's ROUTER: receives from and sends to named peers."""
 
@@ -78,7 +89,7 @@ class Hub:
         """Next valid message; invalid frames are counted and skipped."""
         while True:
             ident, *frames = await self.sock.recv_multipart(copy=False)
-            peer = bytes(ident.buffer).decode(errors="replace")
+            peer = _peer_name(bytes(ident.buffer))
             self.last_seen[peer] = time.monotonic()
             try:
                 return peer, self.codec.decoder.decode(frames)

@@ -80,6 +80,16 @@ def open_group(address: str, port: int, rank: int, world_size: int, timeout_s: f
     return group, store
 
 
+def close_group(group) -> None:
+    """Release gloo's connections now rather than in a destructor at interpreter exit, which
+    can stall a vLLM worker's shutdown for seconds once the trainer is gone."""
+    if group is not None:
+        try:
+            group.shutdown()
+        except RuntimeError:
+            pass
+
+
 def broadcast(group, tensor: torch.Tensor) -> None:
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
@@ -181,6 +191,7 @@ class GlooWeightTransferEngine(
             self.model.load_weights(weights)
 
     def shutdown(self) -> None:
+        close_group(self.group)
         self.group = None
         self.store = None
 
@@ -280,6 +291,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             broadcast(self.group, torch.cat(parts) if len(parts) > 1 else parts[0].clone())
 
     def shutdown(self) -> None:
+        close_group(self.group)
         self.group = None
         self.store = None
 

@@ -147,5 +147,5 @@ class RolloutEngine:
                 await self.llm.shutdown_weight_transfer_engine()
             except Exception:  # noqa: BLE001 - not initialised, or the engine is already gone
                 pass
-            self.llm.shutdown()
+            self.llm.shutdown(timeout=10)
             self.llm = None

@@ -1,20 +1,19 @@
 """Reward worker process: decode each sample and score it with the configured plug-in.
 
 A reward function that raises or runs past `reward.timeout_s` scores 0 with the error recorded;
-it never stalls the run. Sync functions run in a thread so the socket keeps moving.
+it never stalls the run (see `rewards.runner` for how a stuck call is stopped).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 
 from flashq.config import FlashqConfig
 from flashq.metrics import BusyClock
 from flashq.protocol import Heartbeat, RewardResult, ScoreRequest, Shutdown, WorkerStats
-from flashq.rewards import load_reward_fn
+from flashq.rewards.runner import RewardRunner
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
 from flashq.transport import Link
 
@@ -24,24 +23,21 @@ log = logging.getLogger("flashq.reward")
 class RewardScorer:
     """Plain, socket-free scoring: decode, call the plug-in under a timeout, never raise."""
 
-    def __init__(self, fn, decode, timeout_s: float):
-        self.fn = fn
+    def __init__(self, runner: RewardRunner, decode):
+        self.runner = runner
         self.decode = decode
-        self.timeout_s = timeout_s
-        self.is_async = inspect.iscoroutinefunction(fn)
 
     async def score(self, req: ScoreRequest) -> RewardResult:
         t0 = time.monotonic()
         rid = req.sample.request_id
         try:
             text = self.decode(req.sample.token_ids)
-            call = self.fn(req.task, text) if self.is_async else asyncio.to_thread(self.fn, req.task, text)
-            value = float(await asyncio.wait_for(call, self.timeout_s))
+            value = float(await self.runner(req.task, text))
             if value != value or value in (float("inf"), float("-inf")):
                 raise ValueError(f"reward function returned {value}")
             return RewardResult(rid, value, seconds=time.monotonic() - t0)
         except asyncio.TimeoutError:
-            return RewardResult(rid, 0.0, error=f"timed out after {self.timeout_s}s", seconds=time.monotonic() - t0)
+            return RewardResult(rid, 0.0, error=f"timed out after {self.runner.timeout_s}s", seconds=time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - a broken reward scores 0 and is counted, by design
             return RewardResult(rid, 0.0, error=f"{type(e).__name__}: {e}"[:500], seconds=time.monotonic() - t0)
 
@@ -60,14 +56,15 @@ class RewardWorker:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
-        self.scorer = RewardScorer(
-            load_reward_fn(self.cfg.reward.function),
-            lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=True),
-            self.cfg.reward.timeout_s,
-        )
+        rc = self.cfg.reward
+        runner = RewardRunner(rc.function, rc.executor, rc.pool_workers, rc.timeout_s)
+        self.scorer = RewardScorer(runner, lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=True))
         self.link = connect(self.cfg, self.address, self.role)
         await handshake(self.link, self.cfg, hello(self.role))
-        await serve_until_done(self._serve, heartbeat(self.link, self.cfg), self._report_stats())
+        try:
+            await serve_until_done(self._serve, heartbeat(self.link, self.cfg), self._report_stats())
+        finally:
+            runner.close()
 
     async def _serve(self, tg: asyncio.TaskGroup) -> None:
         while True:
@@ -100,6 +97,12 @@ class RewardWorker:
                 WorkerStats(
                     role="reward",
                     index=role_index(self.role),
-                    metrics={"busy_s": busy, "idle_s": idle, "scored": float(self.scored), "errors": float(self.errors)},
+                    metrics={
+                        "busy_s": busy,
+                        "idle_s": idle,
+                        "scored": float(self.scored),
+                        "errors": float(self.errors),
+                        "pool_restarts": float(self.scorer.runner.restarts),
+                    },
                 )
             )

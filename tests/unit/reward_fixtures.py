@@ -1,0 +1,28 @@
+"""Reward functions for test_reward.py, importable by spec (process pools need that)."""
+
+import time
+
+
+def match(task, text):
+    return 1.0 if text == task["answer"] else 0.0
+
+
+async def async_half(task, text):
+    return 0.5
+
+
+def divide_by_zero(task, text):
+    return 1 / 0
+
+
+def nan(task, text):
+    return float("nan")
+
+
+def missing_key(task, text):
+    return task["missing"]
+
+
+def hang(task, text):
+    time.sleep(60)
+    return 1.0

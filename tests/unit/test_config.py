@@ -1,0 +1,59 @@
+from pathlib import Path
+
+import pytest
+
+from flashq.config import ConfigError, load_config, role_view
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_validate_and_overrides_apply():
+    cfg = load_config(None, ["async_ratio=0.5", "trainer.lr=3e-4", "rollout.num_workers=3"])
+    assert cfg.async_ratio == 0.5 and cfg.staleness_bound == 1
+    assert cfg.trainer.lr == 3e-4
+    assert cfg.role_names() == ["coordinator", "rollout-0", "rollout-1", "rollout-2", "reward-0", "trainer"]
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("async_ratio=-1", "async_ratio: Input should be greater than or equal to 0"),
+        ("trainer.lrr=1", "trainer.lrr: unknown field"),
+        ("trainer.batch_groups=many", "trainer.batch_groups: Input should be a valid integer"),
+        ("sampling.max_tokens=4096", "sampling.max_tokens (4096) must be below rollout.max_model_len"),
+        ("weight_sync.backend=carrier-pigeon", "weight_sync.backend: Input should be 'auto', 'gloo' or 'nccl'"),
+        ("async_ratio", "is not of the form key=value"),
+    ],
+)
+def test_bad_values_name_the_field(override, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert expected in str(err.value)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(scalar)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    for role in cfg.role_names():
+        assert role_view(cfg, role)
+
+
+def test_role_view_holds_only_what_the_role_reads():
+    cfg = load_config(None)
+    assert "trainer" not in role_view(cfg, "rollout-0")
+    assert "async_ratio" in role_view(cfg, "trainer")
+    with pytest.raises(ConfigError, match="unknown role"):
+        role_view(cfg, "critic")

@@ -1,0 +1,41 @@
+import pytest
+
+from flashq.dispatch import LeastLoadedQueue
+
+
+def test_least_loaded_worker_gets_each_request_under_a_cap():
+    q = LeastLoadedQueue(["a", "b"], cap_per_worker=2)
+    for i in range(5):
+        q.submit(i)
+    got = q.assignments()
+    assert got == [("a", 0), ("b", 1), ("a", 2), ("b", 3)]  # replicas spread over both workers
+    assert list(q.waiting) == [4] and q.free_slots() == -1
+    q.done("b")
+    assert q.assignments() == [("b", 4)]
+    assert q.assignments() == []
+
+
+def test_done_without_work_is_an_error():
+    q = LeastLoadedQueue(["a"], cap_per_worker=1)
+    with pytest.raises(ValueError, match="nothing in flight"):
+        q.done("a")
+
+
+def test_requeued_work_goes_first():
+    q = LeastLoadedQueue(["a"], cap_per_worker=1)
+    q.submit("x")
+    q.submit_front("retry")
+    assert q.assignments() == [("a", "retry")]
+
+
+def test_utilisation_clock_counts_idle_time_only_when_nothing_is_in_flight():
+    q = LeastLoadedQueue(["a"], cap_per_worker=4)
+    clock = q.clocks["a"]
+    busy0, idle0 = clock.snapshot()
+    q.submit(1)
+    q.assignments()
+    assert clock.in_flight == 1
+    q.done("a")
+    assert clock.in_flight == 0
+    busy1, idle1 = clock.snapshot()
+    assert busy1 >= busy0 and idle1 >= idle0

@@ -1,0 +1,120 @@
+"""The coordinator's logic, driven by hand: these tests play the rollout, reward and trainer
+roles with plain function calls (no engines, no sockets) to check scheduling and bookkeeping."""
+
+import numpy as np
+import pytest
+
+from flashq.config import load_config
+from flashq.orchestrator import Orchestrator, forced_length
+from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
+
+
+class Tasks:
+    def task(self, i):
+        return {"id": f"t{i}", "prompt": f"{i}+0=", "answer": str(i)}
+
+
+def make(overrides=(), workers=("rollout-0", "rollout-1")):
+    cfg = load_config(None, ["sampling.group_size=4", "trainer.batch_groups=2", "trainer.steps=3", *overrides])
+    return Orchestrator(cfg, Tasks(), lambda t: np.array([1, 2, 3], np.int32), list(workers), ["reward-0"])
+
+
+def drain(orch):
+    out, orch.outbox = orch.outbox, []
+    return out
+
+
+def finish(orch, req: GenerateRequest, worker: str, version: int = 0, n_tokens: int = 3):
+    orch.on_sample(
+        worker,
+        Sample(req.request_id, req.group_id, 0, np.arange(n_tokens, dtype=np.int32), np.zeros(n_tokens, np.float32),
+               np.full(n_tokens, version, np.int32), "stop"),
+    )
+
+
+def test_each_prompt_becomes_n_independent_requests_spread_over_workers():
+    orch = make(["async_ratio=0", "rollout.max_inflight_per_worker=8"])
+    orch.pump()
+    sent = drain(orch)
+    reqs = [(peer, m) for peer, m in sent if isinstance(m, GenerateRequest)]
+    assert len(reqs) == 2 * 4  # sync: exactly one batch of 2 groups x 4 samples admitted
+    assert len({m.request_id for _, m in reqs}) == 8
+    assert {peer for peer, _ in reqs} == {"rollout-0", "rollout-1"}
+    per_group = {}
+    for peer, m in reqs:
+        per_group.setdefault(m.group_id, set()).add(peer)
+    assert all(len(peers) == 2 for peers in per_group.values())  # replicas of one prompt on both workers
+    assert len({m.seed for _, m in reqs}) == 8
+
+
+def test_finished_sample_goes_to_reward_at_once_and_groups_reach_the_trainer_whole():
+    orch = make(["async_ratio=0"])
+    orch.pump()
+    reqs = [(p, m) for p, m in drain(orch) if isinstance(m, GenerateRequest)]
+    orch.on_batch_request(1)
+    p, first = reqs[0]
+    finish(orch, first, p)
+    orch.pump()
+    scores = [m for _, m in drain(orch) if isinstance(m, ScoreRequest)]
+    assert [s.sample.request_id for s in scores] == [first.request_id]  # no batch barrier
+    orch.on_reward("reward-0", RewardResult(first.request_id, 1.0))
+    for p, r in reqs[1:]:
+        finish(orch, r, p)
+        orch.pump()
+        for _, s in [x for x in drain(orch) if isinstance(x[1], ScoreRequest)]:
+            orch.on_reward("reward-0", RewardResult(s.sample.request_id, 0.0))
+    orch.pump()
+    batches = [m for _, m in drain(orch) if isinstance(m, TrainBatch)]
+    assert len(batches) == 1 and batches[0].batch_index == 0
+    b = batches[0]
+    assert len(b.request_ids) == 8 and sorted(np.bincount(b.group_index)) == [4, 4]
+    assert orch.ledger.samples_batched == 8
+
+
+def test_sync_mode_waits_for_new_weights_before_admitting_more():
+    orch = make(["async_ratio=0"])
+    orch.pump()
+    drain(orch)
+    assert orch.gate.capacity(orch.engine_version) == 0
+    orch.on_weights_served(1)
+    orch.pump()
+    assert sum(isinstance(m, GenerateRequest) for _, m in drain(orch)) == 8
+
+
+def test_async_ratio_admits_ahead():
+    orch = make(["async_ratio=1", "trainer.steps=10"])
+    orch.pump()
+    assert sum(isinstance(m, GenerateRequest) for _, m in drain(orch)) == (1 + 1) * 2 * 4
+
+
+def test_unrequested_duplicate_and_misrouted_samples_are_refused():
+    orch = make(["async_ratio=0"])
+    orch.pump()
+    peer, req = next((p, m) for p, m in drain(orch) if isinstance(m, GenerateRequest))
+    other = "rollout-1" if peer == "rollout-0" else "rollout-0"
+    with pytest.raises(KeyError, match="was sent to"):
+        finish(orch, req, other)
+    finish(orch, req, peer)
+    with pytest.raises(KeyError, match="not requested"):
+        finish(orch, req, peer)
+    with pytest.raises(KeyError, match="not requested"):
+        orch.on_reward("reward-0", RewardResult("g99/0", 1.0))
+
+
+def test_overlong_prompts_are_skipped_and_counted():
+    cfg_over = ["async_ratio=0", "rollout.max_model_len=20", "sampling.max_tokens=18"]
+    orch = make(cfg_over)
+    orch.encode_prompt = lambda t: np.arange(10 if t["id"] == "t0" else 2, dtype=np.int32)
+    orch.pump()
+    assert orch.ledger.tasks_skipped == {"prompt longer than max_model_len - max_tokens": 1}
+    assert orch.ledger.groups_admitted == 2
+
+
+def test_forced_lengths_are_deterministic_and_heavy_tailed():
+    cfg = load_config(None, ["sampling.max_tokens=400", "rollout.max_model_len=512",
+                             "sampling.forced_lengths={median: 10, sigma: 1.5, min: 1, max: 400}"])
+    fl = cfg.sampling.forced_lengths
+    lengths = [forced_length(fl, i) for i in range(2000)]
+    assert lengths == [forced_length(fl, i) for i in range(2000)]
+    assert np.median(lengths) == pytest.approx(10, abs=1)
+    assert max(lengths) >= 20 * np.median(lengths)
