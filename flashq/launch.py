@@ -115,7 +115,7 @@ class Launcher:
                 *r.cmd, env=r.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True
             )
         pumps = [asyncio.create_task(self._pump_output(r)) for r in self.roles]
-        exits = {asyncio.create_task(r.proc.wait()): r for r in self.roles}
+        exits = {asyncio.create_task(_exit_status(r.proc)): r for r in self.roles}
         interrupt = asyncio.create_task(interrupted.wait())
         live = self._live()
         code = 0
@@ -135,20 +135,26 @@ class Launcher:
                     code = 1
                     self._report_failure(early_exit[0], 0)
                     break
-                failed = None
+                failed = []
                 for task in done:
                     pending.discard(task)
                     role, status = exits[task], task.result()
                     if status != 0:
-                        failed = (role, status)
+                        failed.append((role, status))
                     elif role.name == "coordinator":
                         await self._await_clean_exit(pending, exits)
                         pending.clear()
                     elif early_exit is None:
                         early_exit = (role, time.monotonic() + GRACE_S)
-                if failed is not None and not (failed[0].name != "coordinator" and self._coordinator_done()):
+                if failed and not self._coordinator_done():  # after a clean finish, exits are only warnings
                     code = 1
-                    self._report_failure(*failed)
+                    # one failure brings others down (the coordinator notices the dead peer): gather
+                    # what else exits in the next moment and name the likely root cause first
+                    more, _ = await asyncio.wait(pending, timeout=2.0)
+                    failed += [(exits[t], t.result()) for t in more if t.result() != 0]
+                    failed.sort(key=lambda rs: (rs[0].name == "coordinator", rs[1] > 0))
+                    for role, status in failed:
+                        self._report_failure(role, status)
                     break
         finally:
             await self._stop_all()
@@ -190,10 +196,10 @@ class Launcher:
         deadline = time.monotonic() + GRACE_S
         for r in alive:
             try:
-                await asyncio.wait_for(r.proc.wait(), max(0.1, deadline - time.monotonic()))
+                await asyncio.wait_for(_exit_status(r.proc), max(0.1, deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 _signal_group(r.proc.pid, signal.SIGKILL)
-                await r.proc.wait()
+                await _exit_status(r.proc)
         for r in self.roles:  # engine subprocesses outlive their role if it was killed hard
             if r.proc is not None:
                 _signal_group(r.proc.pid, signal.SIGKILL)
@@ -228,6 +234,14 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
+
+
+async def _exit_status(proc: asyncio.subprocess.Process) -> int:
+    """The role's exit status as soon as it exits. (`Process.wait()` also waits for the output
+    pipe to close, which a surviving child of the role, e.g. a vLLM engine, can hold open.)"""
+    while proc.returncode is None:
+        await asyncio.sleep(0.1)
+    return proc.returncode
 
 
 def _signal_group(pid: int, sig: int) -> None:

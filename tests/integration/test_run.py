@@ -1,0 +1,124 @@
+"""Whole runs through the launcher: real processes, real vLLM engines, real ZeroMQ, real torch."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import psutil
+import pytest
+import zmq
+
+from tests.integration.helpers import ROOT, launch, launch_cmd, read_jsonl, trained_requests
+
+pytestmark = pytest.mark.slow
+
+
+def send_garbage(port: int, stop: threading.Event, sent: list):
+    """A stray peer that keeps sending junk frames to the coordinator during the run."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    while not stop.is_set():
+        sock.send_multipart([b"\x92\x01\xc1not msgpack"], copy=True)
+        sent.append(1)
+        time.sleep(0.2)
+    sock.close()
+
+
+def check_books(run_dir, alpha, steps, group_size=4, batch_groups=4):
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    trained = trained_requests(run_dir)
+    ids = [rid for _, rid, _, _ in trained]
+    # exactly once: every admitted prompt's samples were trained, none twice, none in flight
+    assert len(ids) == len(set(ids)) == steps * batch_groups * group_size
+    assert ledger["groups_admitted"] * group_size == len(ids) == ledger["samples_trained"]
+    assert ledger["requests_in_flight"] == 0 and ledger["samples_in_buffer"] == 0 and ledger["finished"]
+    # the staleness invariant, over every trained token (its sample's oldest token bounds them all)
+    bound = math.ceil(alpha)
+    assert all(version - vmin <= bound for version, _, vmin, _ in trained)
+    assert all(vmax <= version for version, _, _, vmax in trained)  # nothing from the future
+    # a staleness histogram was logged at every step
+    steps_logged = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "step"]
+    assert [r["step"] for r in steps_logged] == list(range(1, steps + 1))
+    assert all(any(k.startswith("hist/staleness/") for k in r) for r in steps_logged)
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    return ledger, trained
+
+
+def test_async_run_keeps_staleness_bounded_and_trains_every_sample_once(tmp_path):
+    from flashq.roles.common import free_port
+
+    port = free_port()
+    stop, sent = threading.Event(), []
+    rogue = threading.Thread(target=send_garbage, args=(port, stop, sent), daemon=True)
+    rogue.start()
+    try:
+        proc = launch(tmp_path, ["async_ratio=2", "trainer.steps=8", f"transport.port={port}"])
+    finally:
+        stop.set()
+        rogue.join()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    ledger, trained = check_books(tmp_path, alpha=2, steps=8)
+    assert max(vmax for _, _, _, vmax in trained) > 0  # the engines served new weight versions
+    assert max(version - vmin for version, _, vmin, _ in trained) >= 1  # and generation ran ahead
+    assert sent and sum(ledger["rejected_frames"].values()) > 0  # garbage was refused and counted
+
+
+def test_sync_run_is_on_policy(tmp_path):
+    proc = launch(tmp_path, ["async_ratio=0", "trainer.steps=4", "rollout.num_workers=1"])
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    _, trained = check_books(tmp_path, alpha=0, steps=4)
+    assert all(version == vmin == vmax for version, _, vmin, vmax in trained)
+
+
+def _flashq_processes(run_dir):
+    marker = str(run_dir)
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_a_killed_role_stops_the_run_and_is_named(tmp_path):
+    proc = subprocess.Popen(
+        launch_cmd(tmp_path, ["trainer.steps=100000"]), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 300
+    victim = None
+    while time.time() < deadline and victim is None:
+        time.sleep(1)
+        for line in list(out):
+            if "rollout-1 connected (pid" in line and (tmp_path / "metrics.jsonl").exists():
+                victim = int(line.split("(pid ")[1].split()[0])
+    assert victim, "run never got going:\n" + "".join(out[-50:])
+    time.sleep(2)
+    os.kill(victim, signal.SIGKILL)
+    rc = proc.wait(timeout=120)
+    reader.join(5)
+    text = "".join(out)
+    assert rc == 1
+    assert "role rollout-1 was killed by signal 9" in text
+    time.sleep(1)
+    assert not _flashq_processes(tmp_path), "roles or engines outlived the run"
+
+
+def test_a_role_that_fails_at_startup_is_reported_with_its_log(tmp_path):
+    t0 = time.time()
+    proc = launch(tmp_path, ["reward.function=no_such_package.rewards:score", "trainer.steps=2"], timeout=300)
+    assert proc.returncode == 1
+    assert "role reward-0 exited with status 1" in proc.stdout
+    assert "cannot import 'no_such_package.rewards'" in proc.stdout
+    assert time.time() - t0 < 120
+    assert not _flashq_processes(tmp_path)
