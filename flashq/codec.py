@@ -20,7 +20,8 @@ import numpy as np
 from flashq.protocol import SCHEMA_VERSION, Envelope, Message
 
 INLINE_LIMIT = 1024
-ALLOWED_DTYPES = {"int32", "int64", "float32", "float64", "uint8", "bool"}
+# wire name (numpy's byte-order-explicit dtype string) -> dtype; anything else is refused
+ALLOWED_DTYPES = {d.str: d for d in map(np.dtype, ("<i4", "<i8", "<f4", "<f8", "|u1", "|b1"))}
 MAX_ARRAY_DIMS = 4
 
 
@@ -49,13 +50,14 @@ class Encoder:
 
     def _enc_hook(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
-            if obj.dtype.name not in ALLOWED_DTYPES:
+            dtype = obj.dtype.str
+            if dtype not in ALLOWED_DTYPES:
                 raise TypeError(f"array dtype {obj.dtype} cannot be sent")
-            arr = np.ascontiguousarray(obj)
+            arr = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)
             if arr.nbytes < INLINE_LIMIT:
-                return [arr.dtype.name, list(arr.shape), arr.tobytes()]
+                return [dtype, arr.shape, arr.tobytes()]
             self._frames.append(memoryview(arr).cast("B"))
-            return [arr.dtype.name, list(arr.shape), len(self._frames) - 1]
+            return [dtype, arr.shape, len(self._frames) - 1]
         raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
@@ -101,10 +103,11 @@ class Decoder:
             raise NotImplementedError(f"cannot decode {typ}")
         if not (isinstance(obj, list) and len(obj) == 3):
             raise ValueError("array must be [dtype, shape, data]")
-        dtype, shape, data = obj
-        if dtype not in ALLOWED_DTYPES:
-            raise ValueError(f"array dtype {dtype!r} not allowed")
-        if not (isinstance(shape, list) and len(shape) <= MAX_ARRAY_DIMS and all(isinstance(s, int) and s >= 0 for s in shape)):
+        name, shape, data = obj
+        dtype = ALLOWED_DTYPES.get(name) if isinstance(name, str) else None
+        if dtype is None:
+            raise ValueError(f"array dtype {name!r} not allowed")
+        if not (isinstance(shape, list) and len(shape) <= MAX_ARRAY_DIMS and all(type(s) is int and s >= 0 for s in shape)):
             raise ValueError(f"bad array shape {shape!r}")
         if isinstance(data, int) and not isinstance(data, bool):
             if not 1 <= data < len(self._frames) or data in self._used:
@@ -115,8 +118,11 @@ class Decoder:
             buf = data
         else:
             raise ValueError("array data must be bytes or a frame index")
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        itemsize = np.dtype(dtype).itemsize
-        if count * itemsize != memoryview(buf).nbytes:
-            raise ValueError(f"array of shape {shape} {dtype} needs {count * itemsize} bytes, frame has {memoryview(buf).nbytes}")
-        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+        count = 1
+        for s in shape:
+            count *= s
+        size = memoryview(buf).nbytes
+        if count * dtype.itemsize != size:
+            raise ValueError(f"array of shape {shape} {dtype} needs {count * dtype.itemsize} bytes, frame has {size}")
+        arr = np.frombuffer(buf, dtype=dtype)
+        return arr if len(shape) == 1 else arr.reshape(shape)

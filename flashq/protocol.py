@@ -11,12 +11,15 @@ DEALER sockets to it. Comments name the producer -> consumer of each message.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Union
 
 import msgspec
 import numpy as np
 
 SCHEMA_VERSION = 1
+
+I32, I64, F32 = np.dtype("<i4"), np.dtype("<i8"), np.dtype("<f4")
 
 
 class Msg(msgspec.Struct, array_like=True, tag=True, tag_field="kind", forbid_unknown_fields=True):
@@ -88,7 +91,7 @@ class GenerateRequest(Msg, tag="generate"):
     seed: int | None = None
 
     def validate(self) -> None:
-        _require(self.prompt_ids.dtype == np.int32 and self.prompt_ids.ndim == 1, "prompt_ids must be 1-D int32")
+        _require(self.prompt_ids.dtype == I32 and self.prompt_ids.ndim == 1, "prompt_ids must be 1-D int32")
         _require(len(self.prompt_ids) > 0, "prompt_ids is empty")
         _require(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
         _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens must be in [0, max_tokens]")
@@ -109,14 +112,18 @@ class Sample(Msg, tag="sample"):
 
     def validate(self) -> None:
         n = len(self.token_ids)
-        _require(self.token_ids.dtype == np.int32 and self.token_ids.ndim == 1, "token_ids must be 1-D int32")
-        _require(self.logprobs.dtype == np.float32 and self.logprobs.shape == (n,), "logprobs must be float32, one per token")
-        _require(self.versions.dtype == np.int32 and self.versions.shape == (n,), "versions must be int32, one per token")
-        _require(self.finish_reason in ("stop", "length", "abort", "error"), f"unknown finish_reason {self.finish_reason!r}")
-        _require(n == 0 or bool(np.all(np.isfinite(self.logprobs))), "logprobs contain NaN or inf")
+        _require(self.token_ids.dtype == I32 and self.token_ids.ndim == 1, "token_ids must be 1-D int32")
+        _require(self.logprobs.dtype == F32 and self.logprobs.shape == (n,), "logprobs must be float32, one per token")
+        _require(self.versions.dtype == I32 and self.versions.shape == (n,), "versions must be int32, one per token")
+        _require(self.finish_reason in FINISH_REASONS, f"unknown finish_reason {self.finish_reason!r}")
+        # one float64 reduction: NaN or inf anywhere makes the sum non-finite
+        _require(n == 0 or math.isfinite(self.logprobs.sum(dtype=np.float64)), "logprobs contain NaN or inf")
 
 
 # ---------------------------------------------------------------- reward
+
+
+FINISH_REASONS = frozenset(("stop", "length", "abort", "error"))
 
 
 class ScoreRequest(Msg, tag="score"):
@@ -138,7 +145,7 @@ class RewardResult(Msg, tag="reward"):
     seconds: float = 0.0
 
     def validate(self) -> None:
-        _require(np.isfinite(self.reward), f"reward is not finite: {self.reward}")
+        _require(math.isfinite(self.reward), f"reward is not finite: {self.reward}")
 
 
 # ---------------------------------------------------------------- trainer

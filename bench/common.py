@@ -1,0 +1,94 @@
+"""Shared by the benchmarks: machine description, result files, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    info = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+    }
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    for mod in ("torch", "vllm", "zmq", "msgspec", "msgpack"):
+        try:
+            m = __import__(mod)
+            info[f"{mod}_version"] = getattr(m, "__version__", None) or getattr(m, "pyzmq_version", lambda: "?")()
+        except Exception:  # noqa: BLE001 - optional: record what is there
+            pass
+    try:
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        info["gpu"] = None
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def command_line() -> str:
+    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def write_result(name: str, results: list[dict] | dict, figures: dict, notes: str = "") -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    doc = {
+        "benchmark": name,
+        "command": command_line(),
+        "git_commit": git_commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "figures": figures,
+        "results": results,
+        "notes": notes,
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def print_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    """columns: (key, header, format spec)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for _, header, _ in columns:
+        table.add_column(header, justify="right")
+    for row in rows:
+        table.add_row(*[format(row[k], fmt) if isinstance(row.get(k), (int, float)) else str(row.get(k, "")) for k, _, fmt in columns])
+    Console().print(table)
