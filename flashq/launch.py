@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from flashq.config import FlashqConfig, dump_config, role_view
+from flashq.config import ConfigError, FlashqConfig, dump_config, role_view
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_green", "bright_blue"]
 GRACE_S = 15.0
@@ -36,6 +36,7 @@ class RoleProcess:
     env: dict[str, str]
     log_path: Path
     color: str
+    cpus: list[int] = field(default_factory=list)
     proc: asyncio.subprocess.Process | None = None
     tail: deque = field(default_factory=lambda: deque(maxlen=30))
 
@@ -69,7 +70,8 @@ def role_specs(cfg: FlashqConfig, config_file: Path) -> list[RoleProcess]:
         else:
             env.setdefault("OMP_NUM_THREADS", str(cfg.trainer.threads if role == "trainer" else 1))
         cmd = [sys.executable, "-m", "flashq.cli", "role", role, "--config", str(config_file), "--connect", address_of(cfg)]
-        specs.append(RoleProcess(role, cmd, env, run_dir / "logs" / f"{role}.log", COLORS[i % len(COLORS)]))
+        cpus = getattr(cfg.placement, role.split("-")[0])
+        specs.append(RoleProcess(role, cmd, env, run_dir / "logs" / f"{role}.log", COLORS[i % len(COLORS)], cpus))
     return specs
 
 
@@ -94,6 +96,7 @@ class Launcher:
         self.stopping = False
 
     def run(self) -> int:
+        check_placement(self.cfg)
         return asyncio.run(self._main())
 
     async def _main(self) -> int:
@@ -112,7 +115,8 @@ class Launcher:
         loop.add_signal_handler(signal.SIGTERM, interrupted.set)
         for r in self.roles:
             r.proc = await asyncio.create_subprocess_exec(
-                *r.cmd, env=r.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True
+                *r.cmd, env=r.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_pin(r.cpus),
             )
         pumps = [asyncio.create_task(self._pump_output(r)) for r in self.roles]
         exits = {asyncio.create_task(_exit_status(r.proc)): r for r in self.roles}
@@ -234,6 +238,18 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
+
+
+def check_placement(cfg: FlashqConfig) -> None:
+    available = os.sched_getaffinity(0)
+    for kind, cpus in cfg.placement.model_dump().items():
+        missing = set(cpus) - available
+        if missing:
+            raise ConfigError(f"placement.{kind} names CPU(s) {sorted(missing)}; this machine offers {sorted(available)}")
+
+
+def _pin(cpus: list[int]):
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
 async def _exit_status(proc: asyncio.subprocess.Process) -> int:

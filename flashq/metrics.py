@@ -72,20 +72,28 @@ def read_metrics(path: Path, kind: str | None = "step") -> list[dict[str, Any]]:
 
 
 class BusyClock:
-    """Seconds with at least one request in flight vs none (engine idle share)."""
+    """Seconds with at least one request in flight vs none (idle share), and the time integral
+    of the number in flight (its mean over a span is the worker's average batch)."""
 
     def __init__(self) -> None:
         self.in_flight = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting now (e.g. once the workers exist, not while they boot)."""
         self.busy_s = 0.0
         self.idle_s = 0.0
+        self.load_s = 0.0
         self._since = time.monotonic()
 
     def _tick(self) -> None:
         now = time.monotonic()
+        span = now - self._since
         if self.in_flight:
-            self.busy_s += now - self._since
+            self.busy_s += span
+            self.load_s += span * self.in_flight
         else:
-            self.idle_s += now - self._since
+            self.idle_s += span
         self._since = now
 
     def begin(self) -> None:

@@ -193,7 +193,7 @@ class Orchestrator:
             min_tokens=min_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
-            seed=(self.cfg.seed * 1_000_003 + index) % (2**31),
+            seed=(self.cfg.seed * 1_000_003 + index) % (2**31) if s.seed_requests else None,
         )
 
     def _send_batches(self) -> None:

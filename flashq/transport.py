@@ -52,37 +52,6 @@ class _Codec:
             log.warning("rejected frame from %s (%d so far): %s", peer or "?", count, err.reason)
 
 
-class _Sender:
-    """Send now when the socket has room, else through the event loop. A message is sent
-    directly only when none is waiting in the loop, so messages never overtake each other."""
-
-    def __init__(self, sock: zmq.asyncio.Socket, sync: zmq.Socket):
-        self.sock, self.sync, self.waiting = sock, sync, 0
-
-    async def send(self, frames: list) -> None:
-        if not self.waiting:
-            try:
-                self.sync.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                return
-            except zmq.Again:
-                pass
-        self.waiting += 1
-        try:
-            await self.sock.send_multipart(frames, copy=False)
-        finally:
-            self.waiting -= 1
-
-
-async def _recv(sock: zmq.asyncio.Socket, sync: zmq.Socket) -> list:
-    """Take a message that is already queued without a round trip through the event loop's
-    poller (most of the per-message cost at high rates); wait on the loop only when there is
-    none. Receiving is single-consumer per socket, so the two paths cannot reorder messages."""
-    try:
-        return sync.recv_multipart(zmq.NOBLOCK, copy=False)
-    except zmq.Again:
-        return await sock.recv_multipart(copy=False)
-
-
 def _peer_name(raw: bytes) -> str:
     """Roles set printable identities; anything else (a stray socket) is shown in hex."""
     try:
@@ -104,15 +73,13 @@ class Hub:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._sync = zmq.Socket.shadow(self.sock.underlying)
-        self._sender = _Sender(self.sock, self._sync)
         self.codec = _Codec(max_message_bytes)
         self.last_seen: dict[str, float] = {}
 
     async def send(self, peer: str, msg: Message) -> None:
         frames = self.codec.encoder.encode(msg)
         try:
-            await self._sender.send([peer.encode(), *frames])
+            await self.sock.send_multipart([peer.encode(), *frames], copy=False)
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 raise PeerLost(f"{peer} is not connected") from None
@@ -121,7 +88,7 @@ class Hub:
     async def recv(self) -> tuple[str, Message]:
         """Next valid message; invalid frames are counted and skipped."""
         while True:
-            ident, *frames = await _recv(self.sock, self._sync)
+            ident, *frames = await self.sock.recv_multipart(copy=False)
             peer = _peer_name(bytes(ident.buffer))
             self.last_seen[peer] = time.monotonic()
             try:
@@ -150,18 +117,16 @@ class Link:
         _configure(self.sock, hwm, max_message_bytes)
         self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         self.sock.connect(address)
-        self._sync = zmq.Socket.shadow(self.sock.underlying)
-        self._sender = _Sender(self.sock, self._sync)
         self.identity = identity
         self.codec = _Codec(max_message_bytes)
         self.last_seen = time.monotonic()
 
     async def send(self, msg: Message) -> None:
-        await self._sender.send(self.codec.encoder.encode(msg))
+        await self.sock.send_multipart(self.codec.encoder.encode(msg), copy=False)
 
     async def recv(self) -> Message:
         while True:
-            frames = await _recv(self.sock, self._sync)
+            frames = await self.sock.recv_multipart(copy=False)
             self.last_seen = time.monotonic()
             try:
                 return self.codec.decoder.decode(frames)

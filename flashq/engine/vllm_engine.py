@@ -87,7 +87,9 @@ class RolloutEngine:
             temperature=req.temperature,
             top_p=req.top_p,
             seed=req.seed,
-            logprobs=0,
+            logprobs=0,  # the sampled token's logprob only
+            flat_logprobs=True,  # plain float lists instead of a dict per position
+            detokenize=False,  # rollout needs ids; the reward worker decodes
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         t0 = time.monotonic()
@@ -96,9 +98,10 @@ class RolloutEngine:
             final = out
         c = final.outputs[0]
         token_ids = np.asarray(c.token_ids, dtype=np.int32)
-        logprobs = np.fromiter(
-            (pos[tok].logprob for pos, tok in zip(c.logprobs, c.token_ids)), dtype=np.float32, count=len(token_ids)
-        )
+        flat = c.logprobs
+        if len(flat.logprobs) != len(token_ids) or flat.token_ids != list(c.token_ids):
+            raise RuntimeError(f"{req.request_id}: vLLM returned {len(flat.logprobs)} logprobs for {len(token_ids)} tokens")
+        logprobs = np.asarray(flat.logprobs, dtype=np.float32)
         return Sample(
             request_id=req.request_id,
             group_id=req.group_id,

@@ -135,6 +135,10 @@ class Coordinator:
     # ------------------------------------------------------------ main loop
 
     async def _serve(self) -> None:
+        self.generation_started = time.monotonic()
+        for queue in (self.orch.gen_queue, self.orch.score_queue):
+            for clock in queue.clocks.values():
+                clock.reset()
         await self._pump()
         while not self.orch.done:
             peer, msg = await self.hub.recv()
@@ -228,6 +232,8 @@ class Coordinator:
         rec.update(self._rates(step_s))
         rec["time/step_s"] = step_s
         rec["time/elapsed_s"] = now - self.started
+        rec["time/since_generation_s"] = now - self.generation_started
+        rec["rollout/tokens_total"] = float(self.orch.ledger.tokens_received)
         rec["trainer/idle_share"] = min(1.0, stats.metrics.get("trainer/wait_s", 0.0) / max(step_s, 1e-9))
         rec["engine_version"] = float(self.orch.engine_version)
         rec["groups_admitted"] = float(self.orch.ledger.groups_admitted)
@@ -257,6 +263,10 @@ class Coordinator:
                 shares.append(share)
                 self.prev_clock[worker] = (busy, idle)
             out[f"{kind}/idle_share"] = sum(shares) / len(shares)
+            for worker, clock in queue.clocks.items():  # cumulative, for whole-run averages
+                out[f"{kind}/busy_s_total/{worker}"] = clock.busy_s
+                out[f"{kind}/idle_s_total/{worker}"] = clock.idle_s
+                out[f"{kind}/load_s_total/{worker}"] = clock.load_s
         for peer, stats in self.worker_stats.items():
             if "weight_sync_s" in stats:
                 out[f"rollout/weight_sync_s/{peer}"] = stats["weight_sync_s"]

@@ -16,7 +16,9 @@ from flashq.trainer.learner import token_logprobs
 pytestmark = pytest.mark.slow
 
 
-def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versions(tiny_model):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versions(tiny_model, device):
+    """gloo on CPU; on a GPU machine the same path runs vLLM's own NCCL engines."""
     from transformers import AutoModelForCausalLM
 
     from flashq.engine.vllm_engine import RolloutEngine
@@ -24,7 +26,7 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
     cfg = load_config(None, ["rollout.max_model_len=1024", "sampling.max_tokens=600"])
 
     async def main():
-        engine = RolloutEngine(cfg, tiny_model, 0, "cpu")
+        engine = RolloutEngine(cfg, tiny_model, 0, device)
         await engine.start()
         loop = asyncio.get_running_loop()
         try:
@@ -32,8 +34,8 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
                 payload = {**payload, "rank_offset": 1} if method == "init_weight_transfer_engine" else payload
                 asyncio.run_coroutine_threadsafe(engine.weight_sync(method, payload, version), loop).result(60)
 
-            model = AutoModelForCausalLM.from_pretrained(tiny_model)
-            pusher = await loop.run_in_executor(None, lambda: WeightPusher(cfg.weight_sync, model, rpc, 1, free_port(), torch.device("cpu")))
+            model = AutoModelForCausalLM.from_pretrained(tiny_model).to(device)
+            pusher = await loop.run_in_executor(None, lambda: WeightPusher(cfg.weight_sync, model, rpc, 1, free_port(), torch.device(device)))
             prompt = np.array([2, 53, 47, 54, 65], np.int32)
             long = asyncio.create_task(engine.generate(GenerateRequest("long", "g", prompt, 600, 600, 1.0, 1.0, 1)))
             await asyncio.sleep(0.5)
@@ -56,7 +58,7 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
     assert len(v) == 600 and v[0] == 0 and v[-1] == 1 and np.all(np.diff(v) >= 0)
     # the engine's logprobs are the new weights' logprobs, token for token
     prompt = [2, 53, 47, 54, 65]
-    ids = torch.tensor(np.concatenate([prompt, after.token_ids])[None].astype(np.int64))
+    ids = torch.tensor(np.concatenate([prompt, after.token_ids])[None].astype(np.int64), device=device)
     with torch.no_grad():
-        trainer_lp = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0, len(prompt) - 1 :].numpy()
+        trainer_lp = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0, len(prompt) - 1 :].cpu().numpy()
     assert np.max(np.abs(trainer_lp - after.logprobs)) < 1e-3

@@ -44,7 +44,10 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(scalar)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+SHIPPED = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "bench" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_shipped_config_validates(path):
     cfg = load_config(path)
     for role in cfg.role_names():

@@ -33,7 +33,7 @@ def finish(orch, req: GenerateRequest, worker: str, version: int = 0, n_tokens: 
 
 
 def test_each_prompt_becomes_n_independent_requests_spread_over_workers():
-    orch = make(["async_ratio=0", "rollout.max_inflight_per_worker=8"])
+    orch = make(["async_ratio=0", "rollout.max_inflight_per_worker=8", "sampling.seed_requests=true"])
     orch.pump()
     sent = drain(orch)
     reqs = [(peer, m) for peer, m in sent if isinstance(m, GenerateRequest)]
