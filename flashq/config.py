@@ -40,10 +40,41 @@ class ArithmeticConfig(Section):
     operators: list[Literal["+", "-", "*"]] = ["+"]
 
 
+class FileTaskConfig(Section):
+    """Prompts from a local file or dataset: .jsonl, .json, .parquet, a directory saved with
+    `datasets.save_to_disk`, or a local copy of a Hugging Face dataset repository."""
+
+    path: Path
+    prompt_field: str = "prompt"
+    answer_field: str | None = "answer"
+    id_field: str | None = None
+    split: str = "train"
+    shuffle: bool = True
+
+
+class ReasoningGymConfig(Section):
+    """A reasoning-gym procedural task, generated offline from the seed."""
+
+    name: str = "basic_arithmetic"
+    size: int = Field(10000, ge=1, description="Distinct items before the source repeats (with a new order).")
+    config: dict[str, Any] = Field(default_factory=dict, description="The dataset's own options, e.g. max_terms.")
+
+
 class TaskConfig(Section):
-    kind: Literal["arithmetic"] = "arithmetic"
+    kind: Literal["arithmetic", "file", "reasoning_gym"] = "arithmetic"
     seed: int = 0
+    system_prompt: str | None = Field(None, description="Prepended as a system message in the chat template.")
     arithmetic: ArithmeticConfig = ArithmeticConfig()
+    file: FileTaskConfig | None = None
+    reasoning_gym: ReasoningGymConfig | None = None
+
+    @model_validator(mode="after")
+    def _source_given(self) -> TaskConfig:
+        if self.kind == "file" and self.file is None:
+            raise ValueError("task.kind is 'file' but task.file (path, prompt_field, ...) is missing")
+        if self.kind == "reasoning_gym" and self.reasoning_gym is None:
+            self.reasoning_gym = ReasoningGymConfig()
+        return self
 
 
 class ForcedLengths(Section):
@@ -99,12 +130,20 @@ class RewardConfig(Section):
 
 
 class LossConfig(Section):
-    kind: Literal["grpo"] = "grpo"
-    normalize_std: bool = True
-    clip_eps: float = Field(0.2, gt=0)
-    is_correction: Literal["tis", "none"] = Field("tis", description="Truncated IS weight pi_prox/pi_behav per token.")
-    is_cap: float = Field(2.0, gt=0)
-    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    """The RL objective; formulas in flashq/algos/losses.py and advantages.py."""
+
+    advantage: Literal["grpo", "drgrpo", "rloo"] = Field("grpo", description="drgrpo: centred rewards, no std.")
+    normalize_std: bool = Field(True, description="grpo only: divide by the group's reward std.")
+    policy: Literal["ppo", "reinforce", "cispo", "topr"] = "ppo"
+    correction: Literal["none", "tis_token", "tis_sequence"] = Field(
+        "tis_token", description="Truncated IS weight pi_prox/pi_behav for stale samples (ppo + tis_token = decoupled PPO)."
+    )
+    is_cap: float = Field(2.0, gt=0, description="Truncation of the behaviour IS weight.")
+    clip_eps_low: float = Field(0.2, gt=0, le=1)
+    clip_eps_high: float = Field(0.2, gt=0, description="> clip_eps_low is DAPO's clip-higher.")
+    dual_clip: float | None = Field(None, gt=1, description="ppo: lower bound c*A on the objective for A < 0.")
+    aggregation: Literal["token_mean", "sequence_mean", "token_sum_norm"] = "token_mean"
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model; > 0 loads a frozen reference copy.")
 
 
 class TrainerConfig(Section):
@@ -116,6 +155,7 @@ class TrainerConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = Field(1, ge=1, description="CPU: torch intra-op threads.")
     micro_batch_tokens: int = Field(16384, ge=64, description="Padded tokens per forward/backward chunk.")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
     loss: LossConfig = LossConfig()
     seed: int = 0
 

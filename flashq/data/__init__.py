@@ -1,7 +1,9 @@
-"""Prompt sources: `make_task_source(cfg.task)` returns an object with `task(index) -> dict`.
+"""Prompt sources. `make_task_source(cfg.task)` returns an object with `task(index) -> dict`.
 
 A task is a JSON-serialisable dict with at least `id` and `prompt` (the user message); reward
-functions read the other fields (e.g. `answer`).
+functions read the rest (`answer`, `metadata`, ...). Task k of a run depends only on the source
+and k, so a run resumes at its saved position and two runs with the same seed see the same
+prompts in the same order.
 """
 
 from flashq.config import TaskConfig
@@ -12,4 +14,17 @@ def make_task_source(cfg: TaskConfig):
         from flashq.data.arithmetic import ArithmeticTasks
 
         return ArithmeticTasks(cfg.arithmetic, cfg.seed)
+    if cfg.kind == "file":
+        from flashq.data.files import FileTasks
+
+        return FileTasks(cfg.file, cfg.seed)
+    if cfg.kind == "reasoning_gym":
+        from flashq.data.reasoning_gym import ReasoningGymTasks
+
+        return ReasoningGymTasks(cfg.reasoning_gym, cfg.seed)
     raise ValueError(f"unknown task kind {cfg.kind!r}")
+
+
+def chat_messages(task: dict, system_prompt: str | None) -> list[dict]:
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return messages + [{"role": "user", "content": task["prompt"]}]

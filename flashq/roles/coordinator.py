@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from flashq.config import FlashqConfig
-from flashq.data import make_task_source
+from flashq.data import chat_messages, make_task_source
 from flashq.metrics import MetricsLog
 from flashq.orchestrator import Orchestrator
 from flashq.protocol import (
@@ -76,11 +76,11 @@ class Coordinator:
         log.info("coordinator listening on %s", self.hub.address)
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
 
+        system_prompt = self.cfg.task.system_prompt
+
         def encode(task: dict) -> np.ndarray:
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": task["prompt"]}], add_generation_prompt=True, tokenize=False
-            )
-            return np.asarray(tokenizer(ids, add_special_tokens=False)["input_ids"], dtype=np.int32)
+            text = tokenizer.apply_chat_template(chat_messages(task, system_prompt), add_generation_prompt=True, tokenize=False)
+            return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
 
         self.orch = Orchestrator(self.cfg, make_task_source(self.cfg.task), encode, self.rollouts, self.rewards)
         self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.log.tensorboard)

@@ -1,19 +1,22 @@
-"""The trainer's model and one GRPO optimizer step on a `TrainBatch`.
+"""The trainer's model and one RL update on a `TrainBatch`.
 
 A batch arrives as flat arrays (see `protocol.TrainBatch`); here it becomes padded
 [sequences, tokens] tensors, logprobs of the sampled tokens under the current policy, group
-advantages, and a loss with the off-policy correction from `algos.grpo`.
+advantages, and the configured loss (`algos.losses`). One batch is one policy version: it may
+take several optimizer steps (`trainer.minibatches`), after which the weights are broadcast once.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from flashq.algos.grpo import group_advantages, policy_loss
+from flashq.algos import advantages as adv_fns
+from flashq.algos.losses import Normalizer, policy_loss
 from flashq.config import FlashqConfig
 from flashq.protocol import TrainBatch
 
@@ -34,19 +37,37 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
+@dataclass
+class MicroBatch:
+    ids: torch.Tensor
+    attn: torch.Tensor
+    mask: torch.Tensor  # [S, T-1], 1 on response tokens
+    behav: torch.Tensor  # behaviour logprobs, aligned with mask
+    adv: torch.Tensor  # [S]
+    prox: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+
+
+def load_causal_lm(path, dtype: torch.dtype, device: torch.device):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+
+
 class Learner:
     def __init__(self, cfg: FlashqConfig, model_path: Path | str):
-        from transformers import AutoModelForCausalLM
-
         self.cfg = cfg
         tc = cfg.trainer
         self.device = pick_device(tc.device)
         if self.device.type == "cpu":
             torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+        self.model = load_causal_lm(model_path, self.dtype, self.device)
         self.model.train()
+        self.reference = None
+        if tc.loss.kl_coef > 0:
+            self.reference = load_causal_lm(model_path, self.dtype, self.device).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.version = 0
         self.temperature = cfg.sampling.temperature or 1.0
@@ -55,110 +76,132 @@ class Learner:
         if batch.batch_index != self.version:
             raise RuntimeError(f"batch {batch.batch_index} arrived at trainer version {self.version}")
         t0 = time.monotonic()
-        lc = self.cfg.trainer.loss
+        tc, lc = self.cfg.trainer, self.cfg.trainer.loss
         rewards = torch.from_numpy(np.array(batch.rewards))
         groups = torch.from_numpy(np.array(batch.group_index, dtype=np.int64))
-        adv = group_advantages(rewards, groups, normalize_std=lc.normalize_std)
+        adv = adv_fns.compute(lc.advantage, rewards, groups, lc.normalize_std)
         n_seq = len(batch.request_ids)
         resp_lens = np.diff(batch.response_offsets)
-        normalizer = float(max(resp_lens.sum(), 1)) if lc.aggregation == "token_mean" else float(max(n_seq, 1))
 
-        self.optimizer.zero_grad(set_to_none=True)
+        plan = [[self._micro(batch, chunk, adv) for chunk in self._micro_batches(batch, mb)] for mb in self._minibatches(n_seq)]
+        with torch.no_grad():
+            for micro in (m for mb in plan for m in mb):
+                if tc.minibatches > 1:  # later minibatches must see the policy as it was before the update
+                    micro.prox = token_logprobs(self.model, micro.ids, micro.attn, self.temperature)
+                if self.reference is not None:
+                    micro.ref = token_logprobs(self.reference, micro.ids, micro.attn, self.temperature)
+
         totals: dict[str, float] = {}
-        loss_sum = 0.0
-        for chunk in self._micro_batches(batch):
-            ids, attn, mask, behav, seq_adv = self._tensors(batch, chunk, adv)
-            logp = token_logprobs(self.model, ids, attn, self.temperature)
-            loss, stats = policy_loss(
-                logp,
-                logp.detach(),
-                behav,
-                seq_adv[:, None].expand_as(logp),
-                mask,
-                clip_eps=lc.clip_eps,
-                is_correction=lc.is_correction,
-                is_cap=lc.is_cap,
-                aggregation=lc.aggregation,
-                normalizer=normalizer,
+        losses, grad_norms = [], []
+        for mb in plan:
+            norm = Normalizer(
+                tokens=float(sum(m.mask.sum() for m in mb)),
+                sequences=float(sum(len(m.ids) for m in mb)),
+                max_len=float(self.cfg.sampling.max_tokens),
             )
-            loss.backward()
-            loss_sum += loss.item()
-            weight = float(mask.sum()) / max(float(resp_lens.sum()), 1.0)
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v * weight
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
-        if not torch.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm at step {self.version + 1}; the step was not applied")
-        self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for m in mb:
+                logp = token_logprobs(self.model, m.ids, m.attn, self.temperature)
+                loss, stats = policy_loss(
+                    logp,
+                    m.prox if m.prox is not None else logp.detach(),
+                    m.behav,
+                    m.adv[:, None].expand_as(logp),
+                    m.mask,
+                    norm,
+                    policy=lc.policy,
+                    correction=lc.correction,
+                    is_cap=lc.is_cap,
+                    eps_low=lc.clip_eps_low,
+                    eps_high=lc.clip_eps_high,
+                    dual_clip=lc.dual_clip,
+                    aggregation=lc.aggregation,
+                    ref_logp=m.ref,
+                    kl_coef=lc.kl_coef,
+                )
+                loss.backward()
+                loss_sum += loss.item()
+                share = stats.pop("tokens") / max(float(resp_lens.sum()), 1.0)
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v * share / len(plan)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
+            if not torch.isfinite(grad_norm):
+                raise FloatingPointError(f"non-finite gradient norm at version {self.version}; the step was not applied")
+            self.optimizer.step()
+            losses.append(loss_sum)
+            grad_norms.append(float(grad_norm))
         self.version += 1
-
-        staleness = (batch.batch_index - np.asarray(batch.versions, dtype=np.int64))
-        bound = self.cfg.staleness_bound
-        hist = np.bincount(np.clip(staleness, 0, bound + 1), minlength=bound + 2)
         return {
-            "loss": loss_sum,
-            "grad_norm": float(grad_norm),
+            "loss": float(np.mean(losses)),
+            "grad_norm": float(np.mean(grad_norms)),
             "reward/mean": float(rewards.mean()) if n_seq else 0.0,
             "reward/std": float(rewards.std()) if n_seq > 1 else 0.0,
+            "advantage/abs_mean": float(adv.abs().mean()) if n_seq else 0.0,
             "response/mean_tokens": float(resp_lens.mean()) if n_seq else 0.0,
             "response/max_tokens": float(resp_lens.max()) if n_seq else 0.0,
             "response/truncated_frac": float(np.mean([f == "length" for f in batch.finish_reasons])) if n_seq else 0.0,
-            "staleness/max": float(staleness.max()) if len(staleness) else 0.0,
-            "staleness/mean": float(staleness.mean()) if len(staleness) else 0.0,
-            "staleness/violations": float((staleness > bound).sum() + (staleness < 0).sum()),
-            "hist/staleness": [int(c) for c in hist[: bound + 1]] + ([int(hist[bound + 1])] if hist[bound + 1] else []),
+            **staleness_stats(batch, self.cfg.staleness_bound),
             "train/seconds": time.monotonic() - t0,
             "train/sequences": float(n_seq),
             "train/tokens": float(resp_lens.sum()),
             **{f"loss/{k}": v for k, v in totals.items()},
         }
 
-    def _micro_batches(self, batch: TrainBatch) -> list[np.ndarray]:
-        """Sequence index chunks whose padded size stays under trainer.micro_batch_tokens."""
-        lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
+    def _minibatches(self, n_seq: int) -> list[np.ndarray]:
+        k = min(self.cfg.trainer.minibatches, max(n_seq, 1))
+        return [part for part in np.array_split(np.arange(n_seq), k) if len(part)]
+
+    def _micro_batches(self, batch: TrainBatch, indices: np.ndarray) -> list[np.ndarray]:
+        """Chunks of `indices` whose padded size stays under trainer.micro_batch_tokens."""
+        lens = (np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets))[indices]
         budget = self.cfg.trainer.micro_batch_tokens
-        order = np.argsort(lens, kind="stable")
         chunks, current, longest = [], [], 0
-        for i in order:
-            longest_if = max(longest, int(lens[i]))
+        for j in np.argsort(lens, kind="stable"):
+            longest_if = max(longest, int(lens[j]))
             if current and longest_if * (len(current) + 1) > budget:
                 chunks.append(np.array(current))
-                current, longest_if = [], int(lens[i])
-            current.append(int(i))
+                current, longest_if = [], int(lens[j])
+            current.append(int(indices[j]))
             longest = longest_if
         if current:
             chunks.append(np.array(current))
         return chunks
 
-    def _tensors(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor):
-        seqs, masks, behavs = [], [], []
-        for i in idx:
-            p = batch.prompt_ids[batch.prompt_offsets[i] : batch.prompt_offsets[i + 1]]
-            r = batch.response_ids[batch.response_offsets[i] : batch.response_offsets[i + 1]]
-            lp = batch.logprobs[batch.response_offsets[i] : batch.response_offsets[i + 1]]
-            seqs.append(np.concatenate([p, r]))
-            # position t of the [T-1] logprob row predicts token t+1: the response starts at len(p)-1
-            m = np.zeros(len(p) + len(r) - 1, np.float32)
-            m[len(p) - 1 :] = 1
-            masks.append(m)
-            b = np.zeros(len(p) + len(r) - 1, np.float32)
-            b[len(p) - 1 :] = lp
-            behavs.append(b)
+    def _micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor) -> MicroBatch:
+        po, ro = batch.prompt_offsets, batch.response_offsets
+        seqs = [np.concatenate([batch.prompt_ids[po[i] : po[i + 1]], batch.response_ids[ro[i] : ro[i + 1]]]) for i in idx]
         T = max(len(s) for s in seqs)
-        ids = np.zeros((len(seqs), T), np.int64)
-        attn = np.zeros((len(seqs), T), np.int64)
-        mask = np.zeros((len(seqs), T - 1), np.float32)
-        behav = np.zeros((len(seqs), T - 1), np.float32)
-        for j, s in enumerate(seqs):
-            ids[j, : len(s)] = s
-            attn[j, : len(s)] = 1
-            mask[j, : len(masks[j])] = masks[j]
-            behav[j, : len(behavs[j])] = behavs[j]
+        ids = np.zeros((len(idx), T), np.int64)
+        attn = np.zeros((len(idx), T), np.int64)
+        mask = np.zeros((len(idx), T - 1), np.float32)
+        behav = np.zeros((len(idx), T - 1), np.float32)
+        for j, i in enumerate(idx):
+            p_len, r_len = po[i + 1] - po[i], ro[i + 1] - ro[i]
+            ids[j, : p_len + r_len] = seqs[j]
+            attn[j, : p_len + r_len] = 1
+            # row t of the [T-1] logprobs predicts token t+1, so the response starts at p_len - 1
+            mask[j, p_len - 1 : p_len - 1 + r_len] = 1
+            behav[j, p_len - 1 : p_len - 1 + r_len] = batch.logprobs[ro[i] : ro[i + 1]]
         dev = self.device
-        return (
-            torch.from_numpy(ids).to(dev),
-            torch.from_numpy(attn).to(dev),
-            torch.from_numpy(mask).to(dev),
-            torch.from_numpy(behav).to(dev),
-            adv[torch.from_numpy(idx)].to(dev),
+        return MicroBatch(
+            ids=torch.from_numpy(ids).to(dev),
+            attn=torch.from_numpy(attn).to(dev),
+            mask=torch.from_numpy(mask).to(dev),
+            behav=torch.from_numpy(behav).to(dev),
+            adv=adv[torch.from_numpy(idx)].to(dev),
         )
+
+
+def staleness_stats(batch: TrainBatch, bound: int) -> dict:
+    """Token staleness = trainer version (= batch index) - the version that sampled the token."""
+    staleness = batch.batch_index - np.asarray(batch.versions, dtype=np.int64)
+    if not len(staleness):
+        return {"staleness/max": 0.0, "staleness/mean": 0.0, "staleness/violations": 0.0, "hist/staleness": [0] * (bound + 1)}
+    hist = np.bincount(np.clip(staleness, 0, bound + 1), minlength=bound + 2)
+    return {
+        "staleness/max": float(staleness.max()),
+        "staleness/mean": float(staleness.mean()),
+        "staleness/violations": float((staleness > bound).sum() + (staleness < 0).sum()),
+        "hist/staleness": [int(c) for c in hist[: bound + 1]] + ([int(hist[bound + 1])] if hist[bound + 1] else []),
+    }

@@ -75,8 +75,34 @@ def test_micro_batches_give_the_same_gradient(tiny_model):
     big = Learner(load_config(None), tiny_model)
     small = Learner(load_config(None, ["trainer.micro_batch_tokens=64"]), tiny_model)
     batch = make_batch(big, [1, 0, 0, 1, 1, 0])
-    assert len(small._micro_batches(batch)) > 1
+    assert len(small._micro_batches(batch, np.arange(6))) > 1
     big.train_step(batch)
     small.train_step(batch)
     for a, b in zip(big.model.parameters(), small.model.parameters()):  # .grad survives the step
         assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_minibatches_take_several_optimizer_steps_against_the_pre_update_policy(tiny_model):
+    learner = Learner(load_config(None, ["trainer.minibatches=3", "trainer.lr=0.05"]), tiny_model)
+    steps = []
+    learner.optimizer.step = (lambda orig: (lambda *a, **k: (steps.append(1), orig(*a, **k))[1]))(learner.optimizer.step)
+    m = learner.train_step(make_batch(learner, [1, 0, 0, 1, 1, 0]))
+    assert len(steps) == 3 and learner.version == 1  # one policy version per batch
+    assert m["loss/clip_frac"] > 0  # later minibatches moved away from pi_prox and got clipped
+
+
+def test_kl_penalty_loads_a_frozen_reference(tiny_model):
+    learner = Learner(load_config(None, ["trainer.loss.kl_coef=0.1"]), tiny_model)
+    assert learner.reference is not None
+    assert not any(p.requires_grad for p in learner.reference.parameters())
+    learner.train_step(make_batch(learner, [1, 0, 0, 1]))
+    m = learner.train_step(make_batch(learner, [1, 0, 0, 1], batch_index=1))
+    assert m["loss/ref_kl"] > 0  # the policy has moved away from the reference
+
+
+@pytest.mark.parametrize("policy, correction", [("reinforce", "tis_sequence"), ("cispo", "none"), ("topr", "none")])
+def test_every_loss_trains(tiny_model, policy, correction):
+    cfg = load_config(None, [f"trainer.loss.policy={policy}", f"trainer.loss.correction={correction}", "trainer.loss.advantage=rloo"])
+    learner = Learner(cfg, tiny_model)
+    m = learner.train_step(make_batch(learner, [1, 0, 0, 1]))
+    assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
