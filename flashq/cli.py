@@ -1,6 +1,7 @@
 """The `flashq` command.
 
   flashq launch FILE [key=value ...] [--dry-run]   start every role of a run on this machine
+  flashq sft FILE [key=value ...]                   supervised warm start; prints the checkpoint
   flashq role NAME --config FILE --connect ADDR     start one role (what a multi-host run uses)
 
 Heavy modules (torch, vLLM) are imported only by the role that needs them, after parsing.
@@ -24,6 +25,17 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("overrides", nargs="*", help="key=value overrides, e.g. async_ratio=2 trainer.steps=50")
     launch.add_argument("--dry-run", action="store_true", help="print each role's resolved config and command, start nothing")
     launch.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live progress panel")
+    launch.add_argument(
+        "--resume", nargs="?", const="latest", metavar="RUN_DIR",
+        help="continue a stopped run from its last checkpoint (default: the newest run of this config's name)",
+    )
+
+    sft = sub.add_parser("sft", help="supervised warm start on solved task examples; prints the checkpoint path")
+    sft.add_argument("config", type=Path)
+    sft.add_argument("overrides", nargs="*")
+
+    report = sub.add_parser("report", help="write report.png and summary.json for a run directory")
+    report.add_argument("run_dir", type=Path)
 
     role = sub.add_parser("role", help="start one role of a run")
     role.add_argument("name", help="coordinator | trainer | rollout-N | reward-N")
@@ -39,10 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [x for x in extra if x.startswith("-") or "=" not in x]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    args.overrides = list(args.overrides) + extra  # key=value may follow the options too
+    if hasattr(args, "overrides"):
+        args.overrides = list(args.overrides) + extra  # key=value may follow the options too
     try:
         if args.command == "launch":
             return _launch(args)
+        if args.command == "sft":
+            return _sft(args)
+        if args.command == "report":
+            from flashq.report import write_report
+
+            png, text = write_report(args.run_dir)
+            print(f"{text}\nplot: {png}")
+            return 0
         return _role(args)
     except ConfigError as e:
         print(f"flashq: {e}", file=sys.stderr)
@@ -50,13 +71,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(args) -> int:
-    from flashq.launch import Launcher, dry_run, resolve_run
+    from flashq.launch import Launcher, dry_run, resolve_run, resume_config
 
-    cfg = resolve_run(load_config(args.config, args.overrides))
+    cfg = load_config(args.config, args.overrides)
+    if args.resume:
+        cfg = resume_config(cfg, args.resume, args.overrides)
+    cfg = resolve_run(cfg)
     if args.dry_run:
         print(dry_run(cfg))
         return 0
     return Launcher(cfg, show_progress=False if args.no_progress else None).run()
+
+
+def _sft(args) -> int:
+    from flashq.roles.common import setup_logging
+    from flashq.sft import run_sft
+
+    cfg = load_config(args.config, args.overrides)
+    setup_logging(cfg.log.level, cfg.log.vllm_level)
+    print(run_sft(cfg))
+    return 0
 
 
 def _role(args) -> int:

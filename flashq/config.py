@@ -156,6 +156,8 @@ class TrainerConfig(Section):
     threads: int = Field(1, ge=1, description="CPU: torch intra-op threads.")
     micro_batch_tokens: int = Field(16384, ge=64, description="Padded tokens per forward/backward chunk.")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
+    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
+    keep_checkpoints: int = Field(2, ge=1)
     loss: LossConfig = LossConfig()
     seed: int = 0
 
@@ -178,6 +180,20 @@ class TransportConfig(Section):
     startup_timeout_s: float = Field(900.0, gt=0)
 
 
+class SFTConfig(Section):
+    """Supervised warm start on solved task examples (`flashq sft`, or before RL with warm_start)."""
+
+    warm_start: bool = Field(False, description="`flashq launch` runs SFT first and trains RL from its checkpoint.")
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    threads: int = Field(2, ge=1, description="CPU: torch threads.")
+    eval_prompts: int = Field(256, ge=1)
+    seed: int = 0
+    output_dir: Path | None = Field(None, description="Default: <model.cache_dir>/sft-<name>-<fingerprint>.")
+
+
 class PlacementConfig(Section):
     """Which CPU cores each kind of role may run on (Linux affinity, inherited by the vLLM engine
     processes a rollout worker starts). Empty: anywhere. Separating rollout and trainer cores
@@ -194,6 +210,7 @@ class LogConfig(Section):
     run_dir: Path | None = Field(None, description="Defaults to <root>/<name>-<timestamp>.")
     tensorboard: bool = True
     stats_interval_s: float = Field(2.0, gt=0, description="How often workers report counters.")
+    progress_every: int = Field(0, ge=0, description="Log a progress line every N steps; 0: about 40 lines per run.")
     level: Literal["DEBUG", "INFO", "WARNING"] = "INFO"
     vllm_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("WARNING", description="vLLM's own log level.")
 
@@ -214,8 +231,10 @@ class FlashqConfig(Section):
     trainer: TrainerConfig = TrainerConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     transport: TransportConfig = TransportConfig()
+    sft: SFTConfig = SFTConfig()
     placement: PlacementConfig = PlacementConfig()
     log: LogConfig = LogConfig()
+    resume_from: Path | None = Field(None, description="A checkpoint directory to continue from (set by `flashq launch --resume`).")
 
     @model_validator(mode="after")
     def _check(self) -> FlashqConfig:
@@ -248,10 +267,10 @@ class FlashqConfig(Section):
 
 
 ROLE_SECTIONS = {
-    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "trainer", "rollout", "reward", "transport", "log"],
+    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "trainer", "rollout", "reward", "transport", "log", "resume_from"],
     "rollout": ["name", "seed", "model", "rollout", "weight_sync", "transport", "log"],
     "reward": ["name", "model", "reward", "transport", "log"],
-    "trainer": ["name", "seed", "async_ratio", "model", "sampling", "trainer", "weight_sync", "transport", "log"],
+    "trainer": ["name", "seed", "async_ratio", "model", "sampling", "trainer", "weight_sync", "transport", "log", "resume_from"],
 }
 
 

@@ -54,6 +54,28 @@ def resolve_run(cfg: FlashqConfig) -> FlashqConfig:
     return cfg
 
 
+def resume_config(cfg: FlashqConfig, which: str, overrides: list[str]) -> FlashqConfig:
+    """The stopped run's own resolved config (plus any new overrides), pointed at its newest
+    complete checkpoint."""
+    from flashq import checkpoint
+    from flashq.config import load_config
+
+    if which == "latest":
+        runs = sorted((p for p in cfg.log.root.glob(f"{cfg.name}-*") if checkpoint.latest(p)), key=lambda p: p.stat().st_mtime)
+        if not runs:
+            raise ConfigError(f"--resume: no run of {cfg.name!r} with a complete checkpoint under {cfg.log.root}/")
+        run_dir = runs[-1]
+    else:
+        run_dir = Path(which)
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is None:
+        raise ConfigError(f"--resume: {run_dir} holds no complete checkpoint")
+    resumed = load_config(run_dir / "config.yaml", [*overrides, f"log.run_dir={run_dir}", "transport.port=0", f"resume_from={ckpt}"])
+    if checkpoint.version_of(ckpt) >= resumed.trainer.steps:
+        raise ConfigError(f"--resume: {run_dir} already finished all {resumed.trainer.steps} steps (raise trainer.steps to continue)")
+    return resumed
+
+
 def address_of(cfg: FlashqConfig) -> str:
     return f"tcp://{cfg.transport.host}:{cfg.transport.port}"
 
@@ -105,8 +127,12 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         config_file = self.run_dir / "config.yaml"
-        dump_config(self.cfg, config_file)
         self.say(f"[bold]flashq[/] run {self.run_dir}  (async_ratio={self.cfg.async_ratio:g}, {len(self.cfg.role_names())} processes)")
+        if self.cfg.sft.warm_start:
+            code = await self._warm_start()
+            if code:
+                return code
+        dump_config(self.cfg, config_file)
         resolve_model(self.cfg)  # build the tiny model once, before the roles race to it
         self.roles = role_specs(self.cfg, config_file)
         loop = asyncio.get_running_loop()
@@ -166,8 +192,51 @@ class Launcher:
             if live:
                 live.stop()
         if code == 0:
+            self._report()
             self.say(f"[bold green]done[/]: metrics in {self.run_dir / 'metrics.jsonl'}, logs in {self.run_dir / 'logs'}")
         return code
+
+    async def _warm_start(self) -> int:
+        """Run `flashq sft` first (its output prefixed "sft"); RL then starts from its checkpoint."""
+        from rich.markup import escape
+
+        sft_config = self.run_dir / "sft-config.yaml"
+        dump_config(self.cfg, sft_config)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "flashq.cli", "sft", str(sft_config),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=_pin(self.cfg.placement.trainer),
+        )
+        lines = []
+        with (self.run_dir / "logs" / "sft.log").open("a") as log_file:
+            while raw := await proc.stdout.readline():
+                line = raw.decode(errors="replace").rstrip()
+                lines.append(line)
+                log_file.write(line + "\n")
+                self.say(f"[white]{'sft':>11}[/] | {escape(line)}")
+        if await proc.wait() != 0:
+            self.say("[bold red]SFT warm start failed[/]; see the lines above")
+            return 1
+        path = Path(lines[-1].strip())
+        summary = path / "flashq_sft.json"
+        if summary.exists():
+            (self.run_dir / "sft.json").write_text(summary.read_text())
+        self.cfg = self.cfg.model_copy(deep=True)
+        self.cfg.model.name = str(path)
+        self.cfg.sft.warm_start = False  # the written config must not warm-start again on resume
+        return 0
+
+    def _report(self) -> None:
+        from rich.panel import Panel
+
+        from flashq.report import write_report
+
+        try:
+            png, text = write_report(self.run_dir)
+        except Exception as e:  # noqa: BLE001 - a report problem must not fail a finished run
+            self.say(f"[yellow]could not write the report: {e}[/]")
+            return
+        self.console.print(Panel(text + f"\nplot: {png}", title="summary"))
 
     def _coordinator_done(self) -> bool:
         coord = self.roles[0]

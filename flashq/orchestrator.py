@@ -14,6 +14,7 @@ The `Ledger` counts every sample at every stage, so none is lost or trained twic
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -24,10 +25,11 @@ from typing import Callable
 import numpy as np
 
 from flashq.buffer import Group, GroupBuffer
+from flashq.checkpoint import STATE_SCHEMA, GroupState, OrchestratorState
 from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
 from flashq.protocol import GenerateRequest, Message, RewardResult, Sample, ScoreRequest
-from flashq.staleness import StalenessGate
+from flashq.staleness import Admission, StalenessGate
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Orchestrator:
         self.score_worker: dict[str, str] = {}  # request id -> reward worker
         self.batch_groups: dict[int, list[Group]] = {}  # sent to the trainer, not yet confirmed
         self.outbox: list[tuple[str, Message]] = []
+        self.generation_paused = False  # after a resume: until the engines serve the restored weights
 
     # ------------------------------------------------------------ events
 
@@ -130,6 +133,9 @@ class Orchestrator:
 
     def on_weights_served(self, version: int) -> None:
         """Every rollout engine now serves `version`."""
+        if self.generation_paused and version == self.engine_version:
+            self.generation_paused = False  # the restored weights reached the engines
+            return
         if version <= self.engine_version:
             raise ValueError(f"weight version went from {self.engine_version} to {version}")
         self.engine_version = version
@@ -150,8 +156,9 @@ class Orchestrator:
     # ------------------------------------------------------------ scheduling
 
     def pump(self) -> None:
-        self._admit()
-        for worker, req in self.gen_queue.assignments():
+        if not self.generation_paused:
+            self._admit()
+        for worker, req in ([] if self.generation_paused else self.gen_queue.assignments()):
             self.request_worker[req.request_id] = worker
             self.request_sent_at[req.request_id] = time.monotonic()
             self.ledger.requests_sent += 1
@@ -208,6 +215,67 @@ class Orchestrator:
             self.ledger.batches_sent += 1
             self.ledger.samples_batched += len(batch.request_ids)
             self.outbox.append((self.trainer, batch))
+
+    # ------------------------------------------------------------ checkpoints
+
+    def snapshot(self, version: int) -> OrchestratorState:
+        """State at the moment the trainer reached `version`: groups batched for later steps
+        (possibly already at the trainer) count as not trained."""
+        groups = list(self.buffer.groups.values())
+        for index in sorted(self.batch_groups):
+            if index >= version:
+                groups += self.batch_groups[index]
+        return OrchestratorState(
+            schema=STATE_SCHEMA,
+            version=version,
+            next_task=self.next_task,
+            next_group=self.next_group,
+            admitted=self.gate.admitted,
+            groups=[
+                GroupState(
+                    group_id=g.admission.group_id,
+                    task=g.task,
+                    prompt_ids=g.prompt_ids,
+                    size=g.size,
+                    admitted_version=g.admission.version,
+                    deadline=g.admission.deadline,
+                    samples=list(g.samples.values()),
+                    rewards=list(g.rewards.values()),
+                )
+                for g in groups
+            ],
+            ledger=dataclasses.asdict(self.ledger),
+        )
+
+    def restore(self, state: OrchestratorState) -> None:
+        """Continue from a snapshot: reuse every sample and score it holds, generate again what
+        was in flight, score again what was not scored. Generation waits for the engines to
+        be given the checkpoint's weights (`on_weights_served(state.version)`)."""
+        self.next_task, self.next_group = state.next_task, state.next_group
+        self.engine_version = self.trained_version = state.version
+        self.generation_paused = True
+        self.gate.admitted = state.admitted
+        self.gate.next_batch = state.version
+        for key, value in state.ledger.items():
+            setattr(self.ledger, key, Counter(value) if isinstance(value, dict) else value)
+        self.ledger.samples_batched = self.ledger.samples_trained
+        self.ledger.batches_sent = state.version
+        self.ledger.requests_sent = self.ledger.samples_received
+        for gs in state.groups:
+            admission = Admission(gs.group_id, gs.admitted_version, gs.deadline)
+            group = Group(task=gs.task, prompt_ids=gs.prompt_ids, size=gs.size, admission=admission)
+            group.samples = {s.request_id: s for s in gs.samples}
+            group.rewards = {r.request_id: r for r in gs.rewards}
+            self.buffer.add_group(group)
+            self.gate.pending[gs.group_id] = gs.deadline
+            if group.complete:
+                self.buffer.complete.add(gs.group_id)
+            for k in range(gs.size):
+                rid = f"{gs.group_id}/{k}"
+                if rid not in group.samples:
+                    self.gen_queue.submit(self._request(gs.group_id, k, gs.prompt_ids))
+                elif rid not in group.rewards:
+                    self.score_queue.submit(ScoreRequest(sample=group.samples[rid], task=group.task))
 
     # ------------------------------------------------------------ observability
 

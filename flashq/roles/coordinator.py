@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flashq import checkpoint
 from flashq.config import FlashqConfig
 from flashq.data import chat_messages, make_task_source
 from flashq.metrics import MetricsLog
@@ -83,6 +84,11 @@ class Coordinator:
             return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
 
         self.orch = Orchestrator(self.cfg, make_task_source(self.cfg.task), encode, self.rollouts, self.rewards)
+        if self.cfg.resume_from:
+            state = checkpoint.decode_state((self.cfg.resume_from / "coordinator.msgpack").read_bytes())
+            self.orch.restore(state)
+            truncate_metrics(self.run_dir / "metrics.jsonl", state.version)
+            log.info("resuming at version %d: %d groups restored, next task %d", state.version, len(state.groups), state.next_task)
         self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.log.tensorboard)
         try:
             await self._startup()
@@ -164,6 +170,9 @@ class Coordinator:
             self._gather(peer, msg)
         elif isinstance(msg, StepStats):
             orch.on_step_trained(msg.step)
+            if msg.metrics.get("checkpoint"):
+                path = checkpoint.complete(self.run_dir, msg.step, orch.snapshot(msg.step), self.cfg.trainer.keep_checkpoints)
+                log.info("checkpoint %s", path)
             self._log_step(msg)
         elif isinstance(msg, WorkerStats):
             self.worker_stats[peer] = msg.metrics
@@ -239,6 +248,9 @@ class Coordinator:
         rec["groups_admitted"] = float(self.orch.ledger.groups_admitted)
         rec["rejected_frames"] = float(sum(self.hub.rejected.values()))
         self.metrics.write(stats.step, rec)
+        every = self.cfg.log.progress_every or max(1, self.cfg.trainer.steps // 40)
+        if stats.step % every and stats.step not in (1, self.cfg.trainer.steps):
+            return
         log.info(
             "step %d/%d  reward %.3f  staleness %s  %.0f tok/s  rollout idle %.0f%%",
             stats.step, self.cfg.trainer.steps, rec.get("reward/mean", 0.0),
@@ -280,3 +292,10 @@ class Coordinator:
         books["trained_steps"] = self.orch.trained_version
         books["finished"] = self.orch.done
         (self.run_dir / "ledger.json").write_text(json.dumps(books, indent=2))
+
+
+def truncate_metrics(path: Path, version: int) -> None:
+    """Drop step records after the checkpoint being resumed; they are about to be redone."""
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= version]
+        path.write_text("".join(line + "\n" for line in kept))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flashq.checkpoint import step_dir
 from flashq.config import FlashqConfig
 from flashq.protocol import BatchRequest, Heartbeat, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
@@ -43,14 +44,20 @@ class TrainerRole:
 
         loop = asyncio.get_running_loop()
         self.loop = loop
-        learner = await loop.run_in_executor(self.pool, Learner, self.cfg, resolve_model(self.cfg))
+        self.base_model = resolve_model(self.cfg)
+        resume = self.cfg.resume_from
+        weights = resume / "trainer" if resume else self.base_model
+        learner = await loop.run_in_executor(self.pool, Learner, self.cfg, weights)
+        if resume:
+            await loop.run_in_executor(self.pool, learner.load_state, resume / "trainer")
+            log.info("resuming from %s at version %d", resume, learner.version)
         ws = self.cfg.weight_sync
         self.port = ws.port or free_port(ws.host)
         self.link = connect(self.cfg, self.address, self.role)
         start = await handshake(self.link, self.cfg, hello(self.role, rendezvous=f"{ws.host}:{self.port}"))
         log.info("trainer ready on %s; %d inference rank(s) to feed", learner.device, start.inference_world_size)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        record = (self.run_dir / "trained.jsonl").open("a", buffering=1)
+        record = open_trained_record(self.run_dir / "trained.jsonl", learner.version)
         try:
             await serve_until_done(lambda tg: self._train(learner, start, record), self._read(), heartbeat(self.link, self.cfg))
         finally:
@@ -65,6 +72,9 @@ class TrainerRole:
             self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, start.inference_world_size, self.port, learner.device)
         )
         log.info("weight transfer group ready (%s)", pusher.backend)
+        if learner.version > 0:  # resumed: the engines start from the base model; give them ours
+            sync_s = await loop.run_in_executor(self.pool, pusher.push, learner.version)
+            log.info("engines now serve the checkpoint's weights (version %d, %.2fs)", learner.version, sync_s)
         await self.link.send(BatchRequest(credits=2))  # one batch in hand, one being assembled
         for step in range(learner.version, self.cfg.trainer.steps):
             t_wait = time.monotonic()
@@ -76,13 +86,22 @@ class TrainerRole:
             sync_s = await loop.run_in_executor(self.pool, pusher.push, learner.version)
             metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s})
             record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
+            if self._checkpoint_due(learner.version):
+                t0 = time.monotonic()
+                path = step_dir(self.run_dir, learner.version, tmp=True) / "trainer"
+                await loop.run_in_executor(self.pool, learner.save, path, self.base_model)
+                metrics.update({"checkpoint": 1.0, "trainer/checkpoint_s": time.monotonic() - t0})
             await self.link.send(StepStats(step=learner.version, metrics=_scalars(metrics)))
-            log.info("step %d: reward %.3f, staleness max %d, sync %.2fs", learner.version, metrics["reward/mean"], metrics["staleness/max"], sync_s)
+            log.debug("step %d: reward %.3f, staleness max %d, sync %.2fs", learner.version, metrics["reward/mean"], metrics["staleness/max"], sync_s)
         try:
             await asyncio.wait_for(self.shutdown.wait(), self.cfg.transport.liveness_timeout_s)
         except asyncio.TimeoutError:
             raise PeerLost("trained every step but the coordinator never said shutdown") from None
         await loop.run_in_executor(self.pool, pusher.close)
+
+    def _checkpoint_due(self, version: int) -> bool:
+        every = self.cfg.trainer.checkpoint_every
+        return version == self.cfg.trainer.steps or (every > 0 and version % every == 0)
 
     def _rpc(self, method: str, payload, version: int) -> None:
         """Called from the torch thread: one weight-sync round trip through the coordinator."""
@@ -113,6 +132,15 @@ class TrainerRole:
                 self.shutdown.set()
             elif not isinstance(msg, Heartbeat):
                 log.warning("trainer: ignoring unexpected %s", type(msg).__name__)
+
+
+def open_trained_record(path: Path, version: int):
+    """Append to the record of trained samples, first dropping what was trained after the
+    checkpoint being resumed (those updates were lost with the trainer that made them)."""
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["trainer_version"] < version]
+        path.write_text("".join(line + "\n" for line in kept))
+    return path.open("a", buffering=1)
 
 
 def trained_record(batch: TrainBatch, version_after: int) -> dict:

@@ -148,6 +148,24 @@ class Learner:
             **{f"loss/{k}": v for k, v in totals.items()},
         }
 
+    def save(self, directory: Path, tokenizer_source: Path | str) -> None:
+        """Model in Hugging Face format (loadable by vLLM and transformers) plus what resuming
+        needs: optimizer state, RNG state and the policy version."""
+        from transformers import AutoTokenizer
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        AutoTokenizer.from_pretrained(str(tokenizer_source)).save_pretrained(directory)
+        state = {"version": self.version, "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+        torch.save(state, directory / "trainer_state.pt")
+
+    def load_state(self, directory: Path) -> None:
+        """After constructing from `directory` (the weights): optimizer, RNG and version."""
+        state = torch.load(directory / "trainer_state.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.version = int(state["version"])
+
     def _minibatches(self, n_seq: int) -> list[np.ndarray]:
         k = min(self.cfg.trainer.minibatches, max(n_seq, 1))
         return [part for part in np.array_split(np.arange(n_seq), k) if len(part)]

@@ -15,6 +15,9 @@ SMALL = [
     "sampling.max_tokens=8",
     "trainer.batch_groups=4",
     "rollout.num_workers=2",
+    "rollout.max_inflight_per_worker=64",
+    "sft.warm_start=false",
+    "placement={}",
     "transport.startup_timeout_s=300",
 ]
 
