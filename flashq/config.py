@@ -153,7 +153,10 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int = Field(1, ge=1, description="CPU: torch intra-op threads.")
+    threads: int = Field(1, ge=1, description="CPU: torch intra-op threads (per rank).")
+    world_size: int = Field(1, ge=1, description="Trainer ranks, one per GPU; >1 shards the model with FSDP2 (torchrun).")
+    dist_backend: Literal["auto", "nccl", "gloo"] = Field("auto", description='Between trainer ranks; "auto": nccl with CUDA, gloo otherwise.')
+    dist_timeout_s: float = Field(3600.0, gt=0, description="Longest a rank waits in a collective (e.g. for the next batch).")
     micro_batch_tokens: int = Field(16384, ge=64, description="Padded tokens per forward/backward chunk.")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
@@ -203,6 +206,10 @@ class PlacementConfig(Section):
     rollout: list[int] = []
     reward: list[int] = []
     trainer: list[int] = []
+    rollout_gpus: list[int] = Field(
+        default_factory=list, description="CUDA devices of the rollout workers, tensor_parallel_size consecutive ones each."
+    )
+    trainer_gpus: list[int] = Field(default_factory=list, description="CUDA devices of the trainer, one per rank.")
 
 
 class LogConfig(Section):
@@ -246,6 +253,17 @@ class FlashqConfig(Section):
         fl = self.sampling.forced_lengths
         if fl is not None and not fl.min <= fl.median <= fl.max <= self.sampling.max_tokens:
             raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
+        gpus, want = self.placement.rollout_gpus, self.rollout.num_workers * self.rollout.tensor_parallel_size
+        if gpus and len(gpus) != want:
+            raise ValueError(
+                f"placement.rollout_gpus lists {len(gpus)} device(s); rollout.num_workers x rollout.tensor_parallel_size needs {want}"
+            )
+        if self.placement.trainer_gpus and len(self.placement.trainer_gpus) != self.trainer.world_size:
+            raise ValueError(
+                f"placement.trainer_gpus lists {len(self.placement.trainer_gpus)} device(s) for trainer.world_size={self.trainer.world_size}"
+            )
+        if set(gpus) & set(self.placement.trainer_gpus):
+            raise ValueError(f"placement: GPU(s) {sorted(set(gpus) & set(self.placement.trainer_gpus))} are given to both rollout and trainer")
         return self
 
     @property

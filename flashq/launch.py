@@ -92,7 +92,12 @@ def role_specs(cfg: FlashqConfig, config_file: Path) -> list[RoleProcess]:
         else:
             env.setdefault("OMP_NUM_THREADS", str(cfg.trainer.threads if role == "trainer" else 1))
         cmd = [sys.executable, "-m", "flashq.cli", "role", role, "--config", str(config_file), "--connect", address_of(cfg)]
+        if role == "trainer" and cfg.trainer.world_size > 1:  # torchrun starts the ranks and stops them all if one fails
+            cmd[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.trainer.world_size}", "-m"]
         cpus = getattr(cfg.placement, role.split("-")[0])
+        gpus = cuda_devices(cfg, role)
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
         specs.append(RoleProcess(role, cmd, env, run_dir / "logs" / f"{role}.log", COLORS[i % len(COLORS)], cpus))
     return specs
 
@@ -101,7 +106,10 @@ def dry_run(cfg: FlashqConfig) -> str:
     config_file = cfg.log.run_dir / "config.yaml"
     out = []
     for spec in role_specs(cfg, config_file):
-        out.append(f"# --- {spec.name}\n# {' '.join(spec.cmd[1:]).replace('-m flashq.cli', 'flashq')}")
+        line = " ".join(spec.cmd[1:])
+        line = line.replace("-m torch.distributed.run", "torchrun", 1) if "torch.distributed.run" in line else line.replace("-m flashq.cli", "flashq")
+        gpus = cuda_devices(cfg, spec.name)
+        out.append(f"# --- {spec.name}\n# {f'CUDA_VISIBLE_DEVICES={gpus} ' if gpus is not None else ''}{line}")
         out.append(yaml.safe_dump(role_view(cfg, spec.name), sort_keys=False))
     return "\n".join(out)
 
@@ -309,9 +317,21 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
+def cuda_devices(cfg: FlashqConfig, role: str) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a role under placement.*_gpus (None: leave the environment's)."""
+    pl = cfg.placement
+    if role.startswith("rollout-") and pl.rollout_gpus:
+        tp, i = cfg.rollout.tensor_parallel_size, int(role.split("-")[1])
+        return ",".join(map(str, pl.rollout_gpus[i * tp : (i + 1) * tp]))
+    if role == "trainer" and pl.trainer_gpus:
+        return ",".join(map(str, pl.trainer_gpus))
+    return None
+
+
 def check_placement(cfg: FlashqConfig) -> None:
     available = os.sched_getaffinity(0)
-    for kind, cpus in cfg.placement.model_dump().items():
+    for kind in ("coordinator", "rollout", "reward", "trainer"):
+        cpus = getattr(cfg.placement, kind)
         missing = set(cpus) - available
         if missing:
             raise ConfigError(f"placement.{kind} names CPU(s) {sorted(missing)}; this machine offers {sorted(available)}")

@@ -50,7 +50,12 @@ def choose_backend(cfg: WeightSyncConfig, device: torch.device) -> str:
 class WeightPusher:
     """Owns the trainer's end of the transfer group and pushes a new version after each step."""
 
-    def __init__(self, cfg: WeightSyncConfig, model: torch.nn.Module, rpc: Rpc, inference_world_size: int, port: int, device: torch.device):
+    def __init__(
+        self, cfg: WeightSyncConfig, model: torch.nn.Module, rpc: Rpc | None, inference_world_size: int, port: int,
+        device: torch.device, rank: int = 0,
+    ):
+        """`rank` > 0: a trainer rank that only joins the gathers of sharded parameters; rank 0
+        sends and drives the inference side through `rpc`."""
         from vllm.distributed.weight_transfer.base import ModuleSource
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
@@ -62,14 +67,14 @@ class WeightPusher:
         if self.backend == "gloo":
             register()
             info = GlooTrainerInitInfo(
-                master_address=cfg.host, master_port=port, world_size=world_size, rank=0,
+                master_address=cfg.host, master_port=port, world_size=world_size, rank=rank,
                 bucket_bytes=cfg.bucket_mb << 20, timeout_s=cfg.timeout_s,
             )
         elif self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
             info = NCCLTrainerInitInfo(
-                master_address=cfg.host, master_port=port, world_size=world_size, rank=0,
+                master_address=cfg.host, master_port=port, world_size=world_size, rank=rank,
                 packed_buffer_size_bytes=cfg.bucket_mb << 20,
             )
         else:

@@ -3,6 +3,8 @@
 Torch work runs on one executor thread so the event loop keeps answering the socket (heartbeats,
 weight-sync replies) while a step computes. The weight broadcast is vLLM's trainer engine,
 whose calls to the inference side come back into this loop as `WeightSyncCall` round trips.
+With trainer.world_size > 1 only rank 0 runs this loop; the other ranks follow it
+(`_follow`), taking each batch from rank 0 (`trainer.parallel`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from flashq.checkpoint import step_dir
 from flashq.config import FlashqConfig
 from flashq.protocol import BatchRequest, Heartbeat, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
+from flashq.trainer.parallel import broadcast_batch
 from flashq.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.trainer")
@@ -47,15 +50,18 @@ class TrainerRole:
         self.base_model = resolve_model(self.cfg)
         resume = self.cfg.resume_from
         weights = resume / "trainer" if resume else self.base_model
-        learner = await loop.run_in_executor(self.pool, Learner, self.cfg, weights)
+        learner = await loop.run_in_executor(self.pool, Learner, self.cfg, weights, self.base_model)
         if resume:
             await loop.run_in_executor(self.pool, learner.load_state, resume / "trainer")
             log.info("resuming from %s at version %d", resume, learner.version)
+        if not learner.ranks.is_leader:
+            await loop.run_in_executor(self.pool, self._follow, learner)
+            return
         ws = self.cfg.weight_sync
         self.port = ws.port or free_port(ws.host)
         self.link = connect(self.cfg, self.address, self.role)
         start = await handshake(self.link, self.cfg, hello(self.role, rendezvous=f"{ws.host}:{self.port}"))
-        log.info("trainer ready on %s; %d inference rank(s) to feed", learner.device, start.inference_world_size)
+        log.info("trainer ready on %s (%d rank(s)); %d inference rank(s) to feed", learner.device, learner.ranks.world_size, start.inference_world_size)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         record = open_trained_record(self.run_dir / "trained.jsonl", learner.version)
         try:
@@ -71,6 +77,7 @@ class TrainerRole:
         pusher = await loop.run_in_executor(
             self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, start.inference_world_size, self.port, learner.device)
         )
+        train = (lambda batch: learner.train_step(broadcast_batch(batch, learner.ranks))) if learner.ranks.sharded else learner.train_step
         log.info("weight transfer group ready (%s)", pusher.backend)
         if learner.version > 0:  # resumed: the engines start from the base model; give them ours
             sync_s = await loop.run_in_executor(self.pool, pusher.push, learner.version)
@@ -82,7 +89,7 @@ class TrainerRole:
             wait_s = time.monotonic() - t_wait
             if step + 1 < self.cfg.trainer.steps:
                 await self.link.send(BatchRequest(credits=1))
-            metrics = await loop.run_in_executor(self.pool, learner.train_step, batch)
+            metrics = await loop.run_in_executor(self.pool, train, batch)
             sync_s = await loop.run_in_executor(self.pool, pusher.push, learner.version)
             metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s})
             record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
@@ -93,11 +100,30 @@ class TrainerRole:
                 metrics.update({"checkpoint": 1.0, "trainer/checkpoint_s": time.monotonic() - t0})
             await self.link.send(StepStats(step=learner.version, metrics=_scalars(metrics)))
             log.debug("step %d: reward %.3f, staleness max %d, sync %.2fs", learner.version, metrics["reward/mean"], metrics["staleness/max"], sync_s)
+        if learner.ranks.sharded:
+            await loop.run_in_executor(self.pool, broadcast_batch, None, learner.ranks)  # the followers stop
         try:
             await asyncio.wait_for(self.shutdown.wait(), self.cfg.transport.liveness_timeout_s)
         except asyncio.TimeoutError:
             raise PeerLost("trained every step but the coordinator never said shutdown") from None
         await loop.run_in_executor(self.pool, pusher.close)
+
+    def _follow(self, learner) -> None:
+        """Ranks other than 0: the same steps, pushes and checkpoints, in lockstep with rank 0
+        (every call below is a collective); no socket of their own."""
+        from flashq.engine.weights import WeightPusher
+
+        ws = self.cfg.weight_sync
+        pusher = WeightPusher(ws, learner.model, None, 0, 0, learner.device, rank=learner.ranks.rank)
+        if learner.version > 0:
+            pusher.push(learner.version)
+        while (batch := broadcast_batch(None, learner.ranks)) is not None:
+            learner.train_step(batch)
+            pusher.push(learner.version)
+            if self._checkpoint_due(learner.version):
+                learner.save(step_dir(self.run_dir, learner.version, tmp=True) / "trainer", self.base_model)
+        log.info("rank %d: done at version %d", learner.ranks.rank, learner.version)
+        pusher.close()
 
     def _checkpoint_due(self, version: int) -> bool:
         every = self.cfg.trainer.checkpoint_every

@@ -19,6 +19,7 @@ from flashq.algos import advantages as adv_fns
 from flashq.algos.losses import Normalizer, policy_loss
 from flashq.config import FlashqConfig
 from flashq.protocol import TrainBatch
+from flashq.trainer import parallel
 
 
 def pick_device(requested: str) -> torch.device:
@@ -55,11 +56,17 @@ def load_causal_lm(path, dtype: torch.dtype, device: torch.device):
 
 
 class Learner:
-    def __init__(self, cfg: FlashqConfig, model_path: Path | str):
+    def __init__(self, cfg: FlashqConfig, model_path: Path | str, reference_path: Path | str | None = None):
+        """`reference_path`: the KL reference when it is not `model_path` (a resumed run keeps
+        the base model as its reference)."""
         self.cfg = cfg
         tc = cfg.trainer
         self.device = pick_device(tc.device)
-        if self.device.type == "cpu":
+        self.ranks = parallel.init_distributed(tc, self.device)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", self.ranks.local_rank)
+            torch.cuda.set_device(self.device)
+        else:
             torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
@@ -67,7 +74,11 @@ class Learner:
         self.model.train()
         self.reference = None
         if tc.loss.kl_coef > 0:
-            self.reference = load_causal_lm(model_path, self.dtype, self.device).eval().requires_grad_(False)
+            self.reference = load_causal_lm(reference_path or model_path, self.dtype, self.device).eval().requires_grad_(False)
+        if self.ranks.sharded:  # before the optimizer, which must hold the sharded parameters
+            parallel.shard_model(self.model)
+            if self.reference is not None:
+                parallel.shard_model(self.reference)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.version = 0
         self.temperature = cfg.sampling.temperature or 1.0
@@ -83,7 +94,8 @@ class Learner:
         n_seq = len(batch.request_ids)
         resp_lens = np.diff(batch.response_offsets)
 
-        plan = [[self._micro(batch, chunk, adv) for chunk in self._micro_batches(batch, mb)] for mb in self._minibatches(n_seq)]
+        minibatches = self._minibatches(n_seq)
+        plan = [self._rank_micro_batches(batch, mb, adv) for mb in minibatches]
         with torch.no_grad():
             for micro in (m for mb in plan for m in mb):
                 if tc.minibatches > 1:  # later minibatches must see the policy as it was before the update
@@ -93,10 +105,13 @@ class Learner:
 
         totals: dict[str, float] = {}
         losses, grad_norms = [], []
-        for mb in plan:
+        world = self.ranks.world_size
+        for mb, indices in zip(plan, minibatches):
+            # normalised over the whole minibatch on every rank; FSDP averages gradients over
+            # ranks, so each rank's loss is scaled by the world size to make that a sum
             norm = Normalizer(
-                tokens=float(sum(m.mask.sum() for m in mb)),
-                sequences=float(sum(len(m.ids) for m in mb)),
+                tokens=float(resp_lens[indices].sum()),
+                sequences=float(len(indices)),
                 max_len=float(self.cfg.sampling.max_tokens),
             )
             self.optimizer.zero_grad(set_to_none=True)
@@ -120,20 +135,23 @@ class Learner:
                     ref_logp=m.ref,
                     kl_coef=lc.kl_coef,
                 )
-                loss.backward()
+                (loss * world).backward()
                 loss_sum += loss.item()
-                share = stats.pop("tokens") / max(float(resp_lens.sum()), 1.0)
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v * share / len(plan)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
-            if not torch.isfinite(grad_norm):
+                tokens = stats.pop("tokens")
+                if tokens > 0:  # a rank's padding micro-batch has none
+                    share = tokens / max(float(resp_lens.sum()), 1.0)
+                    for k, v in stats.items():
+                        totals[k] = totals.get(k, 0.0) + v * share / len(plan)
+            grad_norm = parallel.scalar(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip))
+            if not np.isfinite(grad_norm):
                 raise FloatingPointError(f"non-finite gradient norm at version {self.version}; the step was not applied")
             self.optimizer.step()
             losses.append(loss_sum)
-            grad_norms.append(float(grad_norm))
+            grad_norms.append(grad_norm)
+        totals = parallel.all_reduce_sum({**totals, "_loss": float(np.mean(losses))}, self.ranks)
         self.version += 1
         return {
-            "loss": float(np.mean(losses)),
+            "loss": totals.pop("_loss"),
             "grad_norm": float(np.mean(grad_norms)),
             "reward/mean": float(rewards.mean()) if n_seq else 0.0,
             "reward/std": float(rewards.std()) if n_seq > 1 else 0.0,
@@ -153,22 +171,43 @@ class Learner:
         needs: optimizer state, RNG state and the policy version."""
         from transformers import AutoTokenizer
 
-        directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
-        AutoTokenizer.from_pretrained(str(tokenizer_source)).save_pretrained(directory)
-        state = {"version": self.version, "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
-        torch.save(state, directory / "trainer_state.pt")
+        model_state, optimizer_state = parallel.full_state_dicts(self.model, self.optimizer, self.ranks)
+        if self.ranks.is_leader:  # the full state was gathered to rank 0, which writes it
+            directory.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(directory, state_dict=model_state if self.ranks.sharded else None)
+            AutoTokenizer.from_pretrained(str(tokenizer_source)).save_pretrained(directory)
+            state = {"version": self.version, "optimizer": optimizer_state, "torch_rng": torch.get_rng_state()}
+            torch.save(state, directory / "trainer_state.pt")
+        parallel.barrier(self.ranks)  # on every rank, a returned save is on disk
 
     def load_state(self, directory: Path) -> None:
-        """After constructing from `directory` (the weights): optimizer, RNG and version."""
-        state = torch.load(directory / "trainer_state.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        """After constructing from `directory` (the weights): optimizer, RNG and version. Every
+        rank reads the checkpoint (on a filesystem all trainer hosts share)."""
+        state = torch.load(directory / "trainer_state.pt", map_location="cpu" if self.ranks.sharded else self.device, weights_only=False)
+        parallel.load_optimizer_state(self.model, self.optimizer, state["optimizer"], self.ranks)
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
 
     def _minibatches(self, n_seq: int) -> list[np.ndarray]:
         k = min(self.cfg.trainer.minibatches, max(n_seq, 1))
         return [part for part in np.array_split(np.arange(n_seq), k) if len(part)]
+
+    def _rank_micro_batches(self, batch: TrainBatch, indices: np.ndarray, adv: torch.Tensor) -> list[MicroBatch]:
+        """This rank's micro-batches of a minibatch. Every rank runs the same number of forward
+        and backward passes (FSDP's collectives pair up), so a rank with fewer pads with a
+        micro-batch whose loss mask is empty."""
+        if not self.ranks.sharded:
+            return [self._micro(batch, chunk, adv) for chunk in self._micro_batches(batch, indices)]
+        lens = (np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets))[indices]
+        per_rank = parallel.shares(indices, lens, self.ranks.world_size)
+        counts = [len(self._micro_batches(batch, share)) if len(share) else 0 for share in per_rank]
+        mine = per_rank[self.ranks.rank]
+        micros = [self._micro(batch, chunk, adv) for chunk in self._micro_batches(batch, mine)] if len(mine) else []
+        while len(micros) < max(counts):
+            pad = self._micro(batch, indices[:1], adv)
+            pad.mask.zero_()
+            micros.append(pad)
+        return micros
 
     def _micro_batches(self, batch: TrainBatch, indices: np.ndarray) -> list[np.ndarray]:
         """Chunks of `indices` whose padded size stays under trainer.micro_batch_tokens."""

@@ -122,3 +122,15 @@ def test_a_role_that_fails_at_startup_is_reported_with_its_log(tmp_path):
     assert "cannot import 'no_such_package.rewards'" in proc.stdout
     assert time.time() - t0 < 120
     assert not _flashq_processes(tmp_path)
+
+
+def test_sharded_trainer_on_two_ranks_runs_and_checkpoints(tmp_path):
+    """The CPU twin of multi-GPU training: torchrun starts two FSDP2 ranks on gloo; rank 0 feeds
+    the other and sends the gathered weights to the engine."""
+    proc = launch(tmp_path, ["async_ratio=1", "trainer.steps=4", "trainer.world_size=2", "trainer.checkpoint_every=2",
+                             "rollout.num_workers=1"])
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    _, trained = check_books(tmp_path, alpha=1, steps=4)
+    assert max(vmax for _, _, _, vmax in trained) > 0  # the engine served weights the ranks trained
+    assert "(2 rank(s))" in proc.stdout and "rank 1: done at version 4" in proc.stdout
+    assert (tmp_path / "step-000004" / "trainer" / "trainer_state.pt").exists()

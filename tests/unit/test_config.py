@@ -44,14 +44,43 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(scalar)
 
 
-SHIPPED = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "bench" / "configs").glob("*.yaml"))
+SHIPPED = sorted((ROOT / "configs").rglob("*.yaml")) + sorted((ROOT / "bench" / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
-def test_every_shipped_config_validates(path):
+def test_every_shipped_config_passes_dry_run(path, tmp_path, capsys):
+    """`flashq launch FILE --dry-run` as a user runs it; the GPU configs must pass it here too."""
+    from flashq.cli import main
+
+    assert main(["launch", str(path), "--dry-run", f"log.run_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
     cfg = load_config(path)
     for role in cfg.role_names():
-        assert role_view(cfg, role)
+        assert f"# --- {role}" in out and role_view(cfg, role)
+
+
+def test_gpu_configs_place_engines_and_fsdp_ranks_on_their_own_devices(tmp_path):
+    from flashq.launch import dry_run
+
+    cfg = load_config(ROOT / "configs" / "gpu" / "math-qwen2.5-1.5b-8gpu.yaml", [f"log.run_dir={tmp_path}"])
+    text = dry_run(cfg)
+    assert "CUDA_VISIBLE_DEVICES=0,1 flashq role rollout-0" in text and "CUDA_VISIBLE_DEVICES=2,3 flashq role rollout-1" in text
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7 torchrun --standalone --nproc-per-node=4 -m flashq.cli role trainer" in text
+    assert cfg.trainer.device == "cuda" and cfg.weight_sync.backend == "nccl" and cfg.reward.function.endswith("math_verify")
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["placement.rollout_gpus=[0]", "rollout.num_workers=2"], "placement.rollout_gpus lists 1 device(s); rollout.num_workers"),
+        (["placement.trainer_gpus=[1]", "trainer.world_size=2"], "placement.trainer_gpus lists 1 device(s) for trainer.world_size=2"),
+        (["placement.rollout_gpus=[0]", "placement.trainer_gpus=[0]"], "GPU(s) [0] are given to both rollout and trainer"),
+    ],
+)
+def test_gpu_placement_mistakes_are_named(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert expected in str(err.value)
 
 
 def test_role_view_holds_only_what_the_role_reads():

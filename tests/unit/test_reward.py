@@ -91,3 +91,31 @@ def test_plugin_loading_errors_are_clear():
         load_reward_fn("flashq.rewards.builtin:nope")
     with pytest.raises(ValueError, match="reward.executor"):
         RewardRunner("flashq.rewards.builtin:exact_match", "gpu")
+
+
+@pytest.mark.parametrize(
+    "answer, response, expected",
+    [
+        ("1/2", "so the result is \\boxed{0.5}", 1.0),
+        ("\\frac{1}{2}", "The answer is $\\frac{2}{4}$.", 1.0),
+        ("Natalia sold 48/2 = 24 clips in May.\n#### 1,072", "In total \\boxed{1072}", 1.0),  # GSM8K reference
+        ("so $x = \\boxed{\\sqrt{2}}$", "x = \\boxed{2^{1/2}}", 1.0),  # MATH reference solution
+        ("12", "\\boxed{13}", 0.0),
+        ("12", "I don't know", 0.0),
+    ],
+)
+def test_math_verify_on_dataset_style_references(answer, response, expected):
+    from flashq.rewards.math import math_verify
+
+    assert math_verify({"answer": answer}, response) == expected
+
+
+def test_math_verify_runs_in_the_process_pool_through_the_runner():
+    async def main():
+        runner = RewardRunner("flashq.rewards.math:math_verify", "process", 1, 20.0)
+        try:
+            return await runner({"answer": "#### 7"}, "It is \\boxed{7}")
+        finally:
+            runner.close()
+
+    assert asyncio.run(main()) == 1.0

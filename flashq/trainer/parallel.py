@@ -1,0 +1,133 @@
+"""Data-parallel training over several trainer ranks, the model sharded with FSDP2.
+
+One trainer role may be `trainer.world_size` processes (the launcher starts them with torchrun;
+one per GPU, or CPU processes on gloo - the twin that runs in tests). Rank 0 alone talks to the
+coordinator; it hands each `TrainBatch` to the other ranks here, every rank trains on its share
+of the sequences, and FSDP2 reduces the gradients. The weight broadcast to the engines gathers
+each sharded parameter (`full_tensor()`, a collective all ranks join) and rank 0 sends it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from flashq.config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.world_size > 1
+
+
+def ranks_from_env() -> Ranks:
+    """torchrun's RANK / WORLD_SIZE / LOCAL_RANK; a single process without them."""
+    return Ranks(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def init_distributed(tc: TrainerConfig, device: torch.device) -> Ranks:
+    ranks = ranks_from_env()
+    if ranks.world_size != tc.world_size:
+        raise RuntimeError(
+            f"trainer.world_size is {tc.world_size} but this process was started with WORLD_SIZE={ranks.world_size}; "
+            "start the trainer with `torchrun --nproc-per-node N -m flashq.cli role trainer ...` (flashq launch does)"
+        )
+    if ranks.sharded and not dist.is_initialized():
+        backend = tc.dist_backend if tc.dist_backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend, timeout=timedelta(seconds=tc.dist_timeout_s))
+    return ranks
+
+
+def shard_model(model: torch.nn.Module) -> None:
+    """FSDP2: each decoder layer its own unit (its parameters gathered only while it runs), then
+    the root for the embeddings and head."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: FSDP sharding expects a Hugging Face decoder with model.layers")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def broadcast_batch(batch, ranks: Ranks):
+    """Rank 0 passes a `TrainBatch` (or None, meaning stop); every rank returns it."""
+    if not ranks.sharded:
+        return batch
+    from flashq.codec import Decoder, Encoder
+
+    frames = None
+    if ranks.is_leader and batch is not None:  # the codec's frames, copied to bytes for pickling
+        frames = [bytes(f) for f in Encoder().encode(batch)]
+    payload = [frames]
+    dist.broadcast_object_list(payload, src=0)
+    return None if payload[0] is None else Decoder().decode(payload[0])
+
+
+def shares(indices: np.ndarray, lengths: np.ndarray, world_size: int) -> list[np.ndarray]:
+    """Split sequences across ranks with balanced token counts: longest first, each to the rank
+    with the fewest tokens so far (every rank computes the same split)."""
+    load = np.zeros(world_size)
+    out: list[list[int]] = [[] for _ in range(world_size)]
+    for j in np.argsort(-lengths, kind="stable"):
+        r = int(np.argmin(load))
+        out[r].append(int(indices[j]))
+        load[r] += lengths[j]
+    return [np.array(sorted(o), dtype=np.int64) for o in out]
+
+
+def all_reduce_sum(values: dict[str, float], ranks: Ranks) -> dict[str, float]:
+    if not ranks.sharded or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return dict(zip(keys, t.cpu().tolist()))
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: Ranks) -> tuple[dict, dict]:
+    """Unsharded model and optimizer state on CPU (a collective; meaningful on rank 0)."""
+    if not ranks.sharded:
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, ranks: Ranks) -> None:
+    if not ranks.sharded:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.sharded:
+        dist.barrier()
+
+
+def scalar(t: torch.Tensor) -> float:
+    """A DTensor reduction (e.g. the gradient norm under FSDP) as a plain float."""
+    full = getattr(t, "full_tensor", None)
+    return float(full() if callable(full) else t)
