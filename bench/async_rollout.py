@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
-from flashq.orchestrator import forced_length  # noqa: E402
+from flashq.lengths import forced_length  # noqa: E402
 
 CONFIG = ROOT / "bench" / "configs" / "longtail.yaml"
 
@@ -70,7 +70,7 @@ def run(alpha: float, overrides: list[str], run_dir: Path) -> dict:
 def workload(overrides: list[str]) -> dict:
     cfg = load_config(CONFIG, overrides)
     n = cfg.total_groups * cfg.sampling.group_size
-    lengths = np.array([forced_length(cfg.sampling.forced_lengths, i) for i in range(n)])
+    lengths = np.array([forced_length(cfg.sampling.forced_lengths, i, cfg.sampling.group_size) for i in range(n)])
     med = float(np.median(lengths))
     return {
         "requests": n,
