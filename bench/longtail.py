@@ -51,7 +51,7 @@ def step_times(trace: list[dict]) -> list[dict]:
         done = np.sort([r["finished"] for r in rs]) - start
         t90 = float(done[int(np.ceil(0.9 * len(done))) - 1])
         out.append({"step": step, "requests": len(rs), "makespan_s": float(done[-1]), "tail_s": float(done[-1] - t90),
-                    "tokens": int(sum(r["tokens"] for r in rs))})
+                    "tokens": int(sum(r["tokens"] for r in rs)), "finish_s": [round(float(t), 4) for t in done]})
     return out
 
 
@@ -72,6 +72,36 @@ def run(name: str, overrides: list[str], extra: list[str], run_dir: Path, skip_f
         "tokens_per_s": float(np.sum([s["tokens"] for s in steps]) / np.sum([s["makespan_s"] for s in steps])),
         "per_step": steps,
     }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Left: mean step makespan split into the first 90% of responses and the tail. Right: how
+    many of a step's responses are back over time (all measured steps pooled)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = [r["policy"] for r in rows]
+    body = [r["makespan_s"] - r["tail_s"] for r in rows]
+    ax1.barh(names, body, color="tab:blue", label="first 90% of responses")
+    ax1.barh(names, [r["tail_s"] for r in rows], left=body, color="tab:red", label="last 10% (tail)")
+    ax1.invert_yaxis()
+    ax1.set_xlabel("seconds per step (mean)")
+    ax1.legend(loc="lower right", fontsize=8)
+    for r in rows:
+        times = np.sort(np.concatenate([s["finish_s"] for s in r["per_step"]]))
+        frac = np.arange(1, len(times) + 1) / len(times)
+        ax2.plot(times, frac, label=r["policy"])
+    ax2.set_xlabel("seconds since the step's first request")
+    ax2.set_ylabel("share of responses back")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.suptitle("long-tail rollout on the real engine: the same replayed lengths under each scheduler")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def workload(extra: list[str]) -> dict:
@@ -130,6 +160,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunk", type=int, nargs="+", default=[128], help="divided rollout chunk sizes to try")
     ap.add_argument("--skip-first", type=int, default=1, help="steps left out of the means (engine warm-up)")
+    ap.add_argument("--keep", type=Path, help="keep the run directories here (bench/sim.py reads them)")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = ap.parse_args()
 
@@ -144,7 +175,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="flashq-longtail-") as tmp:
         for name, policy in policies(args.chunk):
-            row = run(name, policy, args.overrides, Path(tmp) / name.replace("/", "-").replace("+", "-"), args.skip_first)
+            row = run(name, policy, args.overrides, (args.keep or Path(tmp)) / ("sched-" + name.replace("/", "-").replace("+", "-")), args.skip_first)
             rows.append(row)
             print(f"{name}: makespan {row['makespan_s']:.2f}s, tail {row['tail_s']:.2f}s", flush=True)
     fifo = next(r for r in rows if r["policy"] == "fifo")
@@ -161,6 +192,8 @@ def main() -> None:
          ("makespan_vs_fifo", "makespan vs FIFO", ".2f"), ("makespan_vs_oracle", "vs oracle", ".2f"),
          ("tokens_per_s", "tokens/s", ",.0f")],
     )
+    (ROOT / "docs").mkdir(exist_ok=True)
+    plot(rows, ROOT / "docs" / "longtail.png")
     divided = min((r for r in rows if r["policy"].startswith("context_aware+divided")), key=lambda r: r["makespan_s"])
     figures = {
         "tail_time_vs_fifo": divided["tail_vs_fifo"],

@@ -5,7 +5,8 @@ gate, prompt replication, queue scheduling, the schedulers, divided rollout) wit
 around it:
 - each rollout engine runs continuous batching: every decode step advances each running request
   by one token and takes T(B) = step_s + step_s_per_seq * B for B running requests, plus
-  prefill_s_per_token for each prompt token of a request it admits;
+  prefill_s_per_token for each prompt token of a request it admits that its prefix cache does
+  not hold (a divided response's next chunk on the engine that ran the last one prefills nothing);
 - the trainer takes train_s + train_s_per_token * tokens per step, then the weight sync pauses
   every engine for weight_sync_s;
 - reward takes reward_s per response.
@@ -90,6 +91,7 @@ class _Engine:
         self.t = 0.0
         self.paused_until = 0.0  # weight sync, prefill
         self.busy_s = 0.0
+        self.cached: set[str] = set()  # responses whose prefix this engine holds
 
     def advance(self, now: float) -> None:
         start = max(self.t, self.paused_until)
@@ -110,7 +112,9 @@ class _Engine:
         while self.waiting and len(self.running) < self.max_batch:
             req, length = self.waiting.pop(0)
             self.running[req.request_id] = [float(length), req, length]
-            self.paused_until = max(self.paused_until, self.t) + self.cal.prefill_s_per_token * len(req.prompt_ids)
+            uncached = len(req.prompt_ids) - (req.generated if req.request_id in self.cached else 0)
+            self.paused_until = max(self.paused_until, self.t) + self.cal.prefill_s_per_token * uncached
+            self.cached.add(req.request_id)
 
     def next_finish(self) -> float:
         if not self.running:
@@ -190,6 +194,7 @@ class Simulation:
                 orch.on_reward("reward-0", RewardResult(payload, 0.0))
             elif kind == "trained":
                 version = payload + 1
+                trainer_free_at = now + self.cal.weight_sync_s  # the trainer pushes the weights itself
                 orch.on_step_trained(version)
                 orch.on_batch_request(1)
                 for e in self.engines.values():
