@@ -138,6 +138,8 @@ def chunk_overhead(chunks: list[int], requests: int = 32, length: int = 768) -> 
     for cache in (True, False):
         llm = LLM(model=str(model), dtype="float32", max_model_len=length + 64, max_num_seqs=16, enforce_eager=True,
                   enable_prefix_caching=cache, seed=0)
+        warm = SamplingParams(max_tokens=64, min_tokens=64, detokenize=False)
+        llm.generate([tokens_input(p) for p in prompts], warm, use_tqdm=False)  # warm-up, not timed
         for chunk in [length, *chunks]:
             seqs = [list(p) for p in prompts]
             t0 = time.perf_counter()
