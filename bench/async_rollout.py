@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
-from flashq.orchestrator import forced_length  # noqa: E402
+from flashq.lengths import forced_length  # noqa: E402
 
 CONFIG = ROOT / "bench" / "configs" / "longtail.yaml"
 
@@ -70,7 +70,7 @@ def run(alpha: float, overrides: list[str], run_dir: Path) -> dict:
 def workload(overrides: list[str]) -> dict:
     cfg = load_config(CONFIG, overrides)
     n = cfg.total_groups * cfg.sampling.group_size
-    lengths = np.array([forced_length(cfg.sampling.forced_lengths, i) for i in range(n)])
+    lengths = np.array([forced_length(cfg.sampling.forced_lengths, i, cfg.sampling.group_size) for i in range(n)])
     med = float(np.median(lengths))
     return {
         "requests": n,
@@ -85,6 +85,7 @@ def workload(overrides: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--alphas", type=float, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--keep", type=Path, help="keep the run directories here (bench/sim.py reads them)")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = ap.parse_args()
 
@@ -93,7 +94,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="flashq-bench-") as tmp:
         for alpha in args.alphas:
-            row = run(alpha, args.overrides, Path(tmp) / f"alpha{alpha:g}")
+            row = run(alpha, args.overrides, (args.keep or Path(tmp)) / f"async-alpha{alpha:g}")
             rows.append(row)
             print(f"alpha={alpha:g}: {row['tokens_per_s']:,.0f} tok/s, engine idle {100 * row['engine_idle_share']:.0f}%", flush=True)
     base = next(r for r in rows if r["async_ratio"] == 0)

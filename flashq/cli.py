@@ -3,6 +3,7 @@
   flashq launch FILE [key=value ...] [--dry-run]   start every role of a run on this machine
   flashq sft FILE [key=value ...]                   supervised warm start; prints the checkpoint
   flashq role NAME --config FILE --connect ADDR     start one role (what a multi-host run uses)
+  flashq sim FILE [key=value ...] --grid K=A,B      predict step time and throughput (flashq/sim.py)
 
 Heavy modules (torch, vLLM) are imported only by the role that needs them, after parsing.
 """
@@ -37,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write report.png and summary.json for a run directory")
     report.add_argument("run_dir", type=Path)
 
+    sim = sub.add_parser("sim", help="simulate a run: predicted step time and throughput over a grid of settings")
+    sim.add_argument("config", type=Path)
+    sim.add_argument("overrides", nargs="*")
+    sim.add_argument("--grid", nargs="+", default=[], metavar="KEY=V1,V2", help="e.g. async_ratio=0,1,2 rollout.num_workers=2,4")
+    sim.add_argument("--calibration", type=Path, help="constants fitted by --fit (default: built-in ones for a 2-core CPU)")
+    sim.add_argument("--fit", type=Path, nargs="+", metavar="RUN_DIR", help="fit the constants from real runs into --calibration")
+
     role = sub.add_parser("role", help="start one role of a run")
     role.add_argument("name", help="coordinator | trainer | rollout-N | reward-N")
     role.add_argument("--config", type=Path, required=True)
@@ -58,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             return _launch(args)
         if args.command == "sft":
             return _sft(args)
+        if args.command == "sim":
+            return _sim(args)
         if args.command == "report":
             from flashq.report import write_report
 
@@ -90,6 +100,31 @@ def _sft(args) -> int:
     cfg = load_config(args.config, args.overrides)
     setup_logging(cfg.log.level, cfg.log.vllm_level)
     print(run_sft(cfg))
+    return 0
+
+
+def _sim(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from flashq.sim import Calibration, sweep
+
+    if args.fit:
+        if not args.calibration:
+            raise ConfigError("--fit needs --calibration FILE to write the fitted constants to")
+        cal = Calibration.fit(args.fit)
+        cal.save(args.calibration)
+        print(f"calibration from {len(args.fit)} run(s) written to {args.calibration}")
+    cal = Calibration.load(args.calibration) if args.calibration else Calibration()
+    rows = sweep(args.config, args.overrides, args.grid, cal)
+    table = Table(title=f"flashq sim {args.config} (predicted)")
+    keys = list(rows[0]["settings"])
+    for header in [*keys, "s/step", "tokens/s", "vs first", "engine idle"]:
+        table.add_column(header, justify="right")
+    for r in rows:
+        table.add_row(*[str(v) for v in r["settings"].values()], f"{r['step_s_mean']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                      f"{r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x", f"{100 * r['engine_idle_share']:.0f}%")
+    Console().print(table)
     return 0
 
 

@@ -86,6 +86,9 @@ class ForcedLengths(Section):
     min: int = Field(4, ge=1)
     max: int = Field(1024, ge=1)
     seed: int = 0
+    group_share: float = Field(
+        0.0, ge=0, le=1, description="Share of the log-length variance common to a prompt's group (0: independent)."
+    )
 
 
 class SamplingConfig(Section):
@@ -116,6 +119,14 @@ class RolloutConfig(Section):
         description="After a weight update, re-prefill in-flight requests so later tokens are exactly on-policy for the new version.",
     )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM AsyncEngineArgs.")
+    scheduler: Literal["fifo", "context_aware", "oracle"] = Field(
+        "fifo",
+        description="Order of waiting requests: arrival; Seer's probe-first then longest-estimated-group-first; "
+        "or longest-first knowing every length (benchmarks with sampling.forced_lengths only).",
+    )
+    chunk_tokens: int = Field(0, ge=0, description="Divided rollout: generate responses in chunks of this many tokens; 0: whole.")
+    starvation_s: float = Field(60.0, gt=0, description="context_aware: a request waiting this long goes next.")
+    history_epochs: int = Field(2, ge=1, description="Epochs of a prompt's past response lengths kept for its estimate.")
 
 
 class RewardConfig(Section):
@@ -219,6 +230,7 @@ class LogConfig(Section):
     stats_interval_s: float = Field(2.0, gt=0, description="How often workers report counters.")
     progress_every: int = Field(0, ge=0, description="Log a progress line every N steps; 0: about 40 lines per run.")
     level: Literal["DEBUG", "INFO", "WARNING"] = "INFO"
+    request_trace: bool = Field(False, description="Write requests.jsonl: when each response was sent and finished.")
     vllm_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("WARNING", description="vLLM's own log level.")
 
 
@@ -251,6 +263,8 @@ class FlashqConfig(Section):
                 f"({self.rollout.max_model_len}) to leave room for the prompt"
             )
         fl = self.sampling.forced_lengths
+        if self.rollout.scheduler == "oracle" and fl is None:
+            raise ValueError("rollout.scheduler 'oracle' needs sampling.forced_lengths (it must know every length)")
         if fl is not None and not fl.min <= fl.median <= fl.max <= self.sampling.max_tokens:
             raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
         gpus, want = self.placement.rollout_gpus, self.rollout.num_workers * self.rollout.tensor_parallel_size

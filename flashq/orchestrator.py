@@ -15,8 +15,6 @@ The `Ledger` counts every sample at every stage, so none is lost or trained twic
 from __future__ import annotations
 
 import dataclasses
-import math
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,7 +26,10 @@ from flashq.buffer import Group, GroupBuffer
 from flashq.checkpoint import STATE_SCHEMA, GroupState, OrchestratorState
 from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
+from flashq.divided import DividedRollout
+from flashq.lengths import LengthEstimates, forced_length
 from flashq.protocol import GenerateRequest, Message, RewardResult, Sample, ScoreRequest
+from flashq.scheduling import ContextAwareOrder, FifoOrder, OracleOrder
 from flashq.staleness import Admission, StalenessGate
 
 
@@ -82,8 +83,10 @@ class Orchestrator:
         self.encode_prompt = encode_prompt
         self.trainer = trainer
         self.gate = StalenessGate(cfg.async_ratio, cfg.trainer.batch_groups, cfg.total_groups)
+        self.lengths = LengthEstimates(cfg.rollout.history_epochs)
+        self.divided = DividedRollout(cfg.rollout.chunk_tokens)
         self.gen_queue: LeastLoadedQueue[GenerateRequest] = LeastLoadedQueue(
-            rollout_workers, cfg.rollout.max_inflight_per_worker
+            rollout_workers, cfg.rollout.max_inflight_per_worker, self._waiting_order()
         )
         self.score_queue: LeastLoadedQueue[ScoreRequest] = LeastLoadedQueue(
             reward_workers, cfg.reward.max_inflight_per_worker
@@ -96,7 +99,10 @@ class Orchestrator:
         self.next_task = 0
         self.next_group = 0
         self.request_worker: dict[str, str] = {}  # request id -> rollout worker
-        self.request_sent_at: dict[str, float] = {}
+        self.request_sent: dict[str, GenerateRequest] = {}  # in flight, as sent (its latest chunk)
+        self.request_sent_at: dict[str, float] = {}  # first chunk sent
+        self.finished_requests: list[dict] = []  # timings of finished responses, for the request trace
+        self.worker_tokens: Counter = Counter()  # tokens each rollout worker generated
         self.score_worker: dict[str, str] = {}  # request id -> reward worker
         self.batch_groups: dict[int, list[Group]] = {}  # sent to the trainer, not yet confirmed
         self.outbox: list[tuple[str, Message]] = []
@@ -111,11 +117,28 @@ class Orchestrator:
         if worker != peer:
             raise KeyError(f"sample {sample.request_id} came from {peer}, but was sent to {worker}")
         del self.request_worker[sample.request_id]
-        self.request_sent_at.pop(sample.request_id, None)
         self.gen_queue.done(worker)
+        request = self.request_sent.pop(sample.request_id)
+        self.worker_tokens[worker] += len(sample.token_ids)
+        done = self.divided.on_chunk(request, sample)
+        generated = request.generated + len(sample.token_ids)
+        self.lengths.observe(sample.group_id, generated, finished=isinstance(done, Sample))
+        if isinstance(done, GenerateRequest):  # divided rollout: back to the scheduler for the next chunk
+            self.gen_queue.submit(done)
+            return
+        sample = done
         group = self.buffer.add_sample(sample)
         self.ledger.samples_received += 1
         self.ledger.tokens_received += len(sample.token_ids)
+        self.finished_requests.append({
+            "request_id": sample.request_id, "admitted_version": group.admission.version, "worker": worker,
+            "sent": self.request_sent_at.pop(sample.request_id, None), "finished": time.monotonic(),
+            "tokens": len(sample.token_ids),
+        })
+        if len(group.samples) == group.size:
+            self.lengths.close_group(sample.group_id)
+            if isinstance(self.gen_queue.waiting, ContextAwareOrder):
+                self.gen_queue.waiting.forget_group(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
 
     def on_reward(self, peer: str, result: RewardResult) -> None:
@@ -160,16 +183,29 @@ class Orchestrator:
             self._admit()
         for worker, req in ([] if self.generation_paused else self.gen_queue.assignments()):
             self.request_worker[req.request_id] = worker
-            self.request_sent_at[req.request_id] = time.monotonic()
-            self.ledger.requests_sent += 1
+            self.request_sent[req.request_id] = req
+            if not req.generated:  # a response's first chunk
+                self.request_sent_at[req.request_id] = time.monotonic()
+                self.ledger.requests_sent += 1
             self.outbox.append((worker, req))
         for worker, req in self.score_queue.assignments():
             self.score_worker[req.sample.request_id] = worker
             self.outbox.append((worker, req))
         self._send_batches()
 
+    def _waiting_order(self):
+        rc, s = self.cfg.rollout, self.cfg.sampling
+        if rc.scheduler == "context_aware":
+            return ContextAwareOrder(self.lengths, s.max_tokens, rc.starvation_s)
+        if rc.scheduler == "oracle":
+            return OracleOrder(lambda req: forced_length(s.forced_lengths, _request_index(req, s.group_size), s.group_size) - req.generated)
+        return FifoOrder()
+
     def _admit(self) -> None:
-        while self.gate.capacity(self.engine_version) > 0 and self.gen_queue.free_slots() > 0:
+        # FIFO admits only what workers have room for (fresh prompts, fresh weights); the
+        # length-aware orders see everything the gate allows, or they would have nothing to order
+        lookahead = self.cfg.rollout.scheduler != "fifo"
+        while self.gate.capacity(self.engine_version) > 0 and (lookahead or self.gen_queue.free_slots() > 0):
             task = self.tasks.task(self.next_task)
             self.next_task += 1
             prompt_ids = self.encode_prompt(task)
@@ -182,6 +218,7 @@ class Orchestrator:
             admission = self.gate.admit(gid, self.engine_version)
             n = self.cfg.sampling.group_size
             self.buffer.add_group(Group(task=task, prompt_ids=prompt_ids, size=n, admission=admission))
+            self.lengths.add_group(gid, prompt_ids)
             self.ledger.groups_admitted += 1
             for k in range(n):
                 self.gen_queue.submit(self._request(gid, k, prompt_ids))
@@ -191,8 +228,8 @@ class Orchestrator:
         index = int(gid[1:]) * s.group_size + k
         max_tokens, min_tokens = s.max_tokens, 0
         if s.forced_lengths is not None:
-            max_tokens = min_tokens = forced_length(s.forced_lengths, index)
-        return GenerateRequest(
+            max_tokens = min_tokens = forced_length(s.forced_lengths, index, s.group_size)
+        return self.divided.first(GenerateRequest(
             request_id=f"{gid}/{k}",
             group_id=gid,
             prompt_ids=prompt_ids,
@@ -201,7 +238,7 @@ class Orchestrator:
             temperature=s.temperature,
             top_p=s.top_p,
             seed=(self.cfg.seed * 1_000_003 + index) % (2**31) if s.seed_requests else None,
-        )
+        ))
 
     def _send_batches(self) -> None:
         while self.trainer_credits > 0:
@@ -267,6 +304,9 @@ class Orchestrator:
             group.samples = {s.request_id: s for s in gs.samples}
             group.rewards = {r.request_id: r for r in gs.rewards}
             self.buffer.add_group(group)
+            self.lengths.add_group(gs.group_id, gs.prompt_ids)
+            for sample in gs.samples:
+                self.lengths.observe(gs.group_id, len(sample.token_ids), finished=True)
             self.gate.pending[gs.group_id] = gs.deadline
             if group.complete:
                 self.buffer.complete.add(gs.group_id)
@@ -288,10 +328,11 @@ class Orchestrator:
             "queue/groups_in_buffer": len(self.buffer),
             "queue/groups_complete": len(self.buffer.complete),
             "queue/batches_at_trainer": len(self.batch_groups),
+            "queue/chunks_sent": self.divided.chunks_sent,
+            "queue/responses_divided_in_flight": len(self.divided.partial),
         }
 
 
-def forced_length(fl, index: int) -> int:
-    """Deterministic heavy-tailed length for request `index` (lognormal, clipped)."""
-    z = random.Random(f"{fl.seed}:{index}").gauss(0.0, 1.0)
-    return int(min(fl.max, max(fl.min, round(fl.median * math.exp(fl.sigma * z)))))
+def _request_index(req: GenerateRequest, group_size: int) -> int:
+    gid, k = req.request_id.rsplit("/", 1)
+    return int(gid[1:]) * group_size + int(k)

@@ -183,9 +183,23 @@ class Coordinator:
 
     async def _pump(self) -> None:
         self.orch.pump()
+        if self.orch.finished_requests:
+            self._trace(self.orch.finished_requests)
+            self.orch.finished_requests = []
         outbox, self.orch.outbox = self.orch.outbox, []
         for peer, msg in outbox:
             await self.hub.send(peer, msg)
+
+    def _trace(self, records: list[dict]) -> None:
+        """log.request_trace: one line per finished response, times in seconds since generation began."""
+        if not self.cfg.log.request_trace:
+            return
+        if getattr(self, "trace_file", None) is None:
+            self.trace_file = (self.run_dir / "requests.jsonl").open("a", buffering=1)
+        t0 = self.generation_started
+        for r in records:
+            sent = r["sent"] - t0 if r["sent"] is not None else None
+            self.trace_file.write(json.dumps({**r, "sent": sent, "finished": r["finished"] - t0}) + "\n")
 
     def _fan_out(self, peer: str, call: WeightSyncCall) -> None:
         if peer != "trainer":
@@ -279,6 +293,8 @@ class Coordinator:
                 out[f"{kind}/busy_s_total/{worker}"] = clock.busy_s
                 out[f"{kind}/idle_s_total/{worker}"] = clock.idle_s
                 out[f"{kind}/load_s_total/{worker}"] = clock.load_s
+        for worker, tokens in self.orch.worker_tokens.items():
+            out[f"rollout/tokens_total/{worker}"] = float(tokens)
         for peer, stats in self.worker_stats.items():
             if "weight_sync_s" in stats:
                 out[f"rollout/weight_sync_s/{peer}"] = stats["weight_sync_s"]

@@ -137,3 +137,24 @@ def test_sharded_trainer_on_two_ranks_runs_and_checkpoints(tmp_path):
 
     latest = checkpoint.latest(tmp_path)
     assert checkpoint.version_of(latest) == 4 and (latest / "trainer" / "trainer_state.pt").exists()
+
+
+def test_context_aware_divided_rollout_on_real_engines_keeps_the_books(tmp_path):
+    """Responses generated in chunks of 5 tokens, continued on either worker, joined into one
+    sample each: every sample trained once, with exactly its replayed length."""
+    proc = launch(tmp_path, ["async_ratio=1", "trainer.steps=4", "rollout.scheduler=context_aware", "rollout.chunk_tokens=5",
+                             "sampling.max_tokens=24", "sampling.forced_lengths={median: 8, sigma: 0.8, min: 2, max: 24, group_share: 0.8}",
+                             "log.request_trace=true"])
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    check_books(tmp_path, alpha=1, steps=4)
+    from flashq.config import load_config
+    from flashq.lengths import forced_length
+
+    fl = load_config(tmp_path / "config.yaml").sampling.forced_lengths
+    trace = read_jsonl(tmp_path / "requests.jsonl")
+    for r in trace:
+        gid, k = r["request_id"].rsplit("/", 1)
+        assert r["tokens"] == forced_length(fl, int(gid[1:]) * 4 + int(k), 4)
+    assert any(r["tokens"] > 5 for r in trace)  # some responses really were divided
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert metrics[-1]["queue/chunks_sent"] > 0

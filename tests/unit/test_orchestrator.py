@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from flashq.config import load_config
-from flashq.orchestrator import Orchestrator, forced_length
+from flashq.lengths import forced_length
+from flashq.orchestrator import Orchestrator
 from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 
 

@@ -1,0 +1,216 @@
+"""Long-tail scheduling on the real engine: FIFO vs context-aware vs context-aware + divided vs
+an oracle, on one replayed workload (bench/configs/sched.yaml).
+
+Each policy is a full synchronous `flashq launch` (two vLLM rollout workers, reward, trainer with
+weight sync), so every step's rollout is one phase: all of the step's requests are admitted
+together and the step's makespan runs from the first request sent to the last response back.
+Tail time is the part of it after 90% of the step's responses were back (Seer's "last 10%").
+The request trace (`requests.jsonl`) gives both, per step; the table shows means over steps.
+
+    python bench/longtail.py                     # writes bench/results/longtail.json
+    python bench/longtail.py --chunk 64 128      # divided rollout with other chunk sizes too
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import print_table, write_result  # noqa: E402
+from flashq.config import load_config  # noqa: E402
+from flashq.lengths import forced_length  # noqa: E402
+
+CONFIG = ROOT / "bench" / "configs" / "sched.yaml"
+
+
+def policies(chunks: list[int]) -> list[tuple[str, list[str]]]:
+    out = [("fifo", ["rollout.scheduler=fifo"]), ("context_aware", ["rollout.scheduler=context_aware"])]
+    out += [(f"context_aware+divided/{c}", ["rollout.scheduler=context_aware", f"rollout.chunk_tokens={c}"]) for c in chunks]
+    out.append(("oracle", ["rollout.scheduler=oracle"]))
+    return out
+
+
+def step_times(trace: list[dict]) -> list[dict]:
+    by_step: dict[int, list[dict]] = {}
+    for r in trace:
+        by_step.setdefault(r["admitted_version"], []).append(r)
+    out = []
+    for step in sorted(by_step):
+        rs = by_step[step]
+        start = min(r["sent"] for r in rs)
+        done = np.sort([r["finished"] for r in rs]) - start
+        t90 = float(done[int(np.ceil(0.9 * len(done))) - 1])
+        out.append({"step": step, "requests": len(rs), "makespan_s": float(done[-1]), "tail_s": float(done[-1] - t90),
+                    "tokens": int(sum(r["tokens"] for r in rs)), "finish_s": [round(float(t), 4) for t in done]})
+    return out
+
+
+def run(name: str, overrides: list[str], extra: list[str], run_dir: Path, skip_first: int) -> dict:
+    cmd = [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", *overrides, *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{proc.stdout[-3000:]}")
+    trace = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    steps = step_times(trace)[skip_first:]
+    makespan = float(np.mean([s["makespan_s"] for s in steps]))
+    return {
+        "policy": name,
+        "steps_measured": len(steps),
+        "makespan_s": makespan,
+        "tail_s": float(np.mean([s["tail_s"] for s in steps])),
+        "tail_share": float(np.mean([s["tail_s"] / s["makespan_s"] for s in steps])),
+        "tokens_per_s": float(np.sum([s["tokens"] for s in steps]) / np.sum([s["makespan_s"] for s in steps])),
+        "per_step": steps,
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Left: mean step makespan split into the first 90% of responses and the tail. Right: how
+    many of a step's responses are back over time (all measured steps pooled)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = [r["policy"] for r in rows]
+    body = [r["makespan_s"] - r["tail_s"] for r in rows]
+    ax1.barh(names, body, color="tab:blue", label="first 90% of responses")
+    ax1.barh(names, [r["tail_s"] for r in rows], left=body, color="tab:red", label="last 10% (tail)")
+    ax1.invert_yaxis()
+    ax1.set_xlabel("seconds per step (mean)")
+    ax1.legend(loc="lower right", fontsize=8)
+    for r in rows:
+        times = np.sort(np.concatenate([s["finish_s"] for s in r["per_step"]]))
+        frac = np.arange(1, len(times) + 1) / len(times)
+        ax2.plot(times, frac, label=r["policy"])
+    ax2.set_xlabel("seconds since the step's first request")
+    ax2.set_ylabel("share of responses back")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.suptitle("long-tail rollout on the real engine: the same replayed lengths under each scheduler")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def workload(extra: list[str]) -> dict:
+    cfg = load_config(CONFIG, extra)
+    fl, n = cfg.sampling.forced_lengths, cfg.sampling.group_size
+    per_step = cfg.trainer.batch_groups * n
+    lengths = np.array([forced_length(fl, i, n) for i in range(cfg.total_groups * n)])
+    return {
+        "requests_per_step": per_step,
+        "median_tokens": float(np.median(lengths)),
+        "mean_tokens": float(lengths.mean()),
+        "max_over_median": float(lengths.max() / np.median(lengths)),
+        "engine_batch": cfg.rollout.max_num_seqs,
+        "rollout_workers": cfg.rollout.num_workers,
+    }
+
+
+def chunk_overhead(chunks: list[int], requests: int = 32, length: int = 768) -> list[dict]:
+    """What dividing costs the engine: the same forced-length responses generated whole and in
+    chunks (each chunk a new request whose prompt is the prompt plus the tokens so far), with the
+    prefix cache on and off. The cache is what keeps re-prefill cheap."""
+    import time
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs.engine import tokens_input
+
+    from flashq.models.tiny import TinyModelSpec, ensure_tiny_model
+
+    model = ensure_tiny_model(TinyModelSpec(), ROOT / ".cache" / "flashq")
+    prompts = [[2, 100 + i % 50, 120, 14, 53, 47] for i in range(requests)]
+    out = []
+    for cache in (True, False):
+        llm = LLM(model=str(model), dtype="float32", max_model_len=length + 64, max_num_seqs=16, enforce_eager=True,
+                  enable_prefix_caching=cache, seed=0)
+        warm = SamplingParams(max_tokens=64, min_tokens=64, detokenize=False)
+        llm.generate([tokens_input(p) for p in prompts], warm, use_tqdm=False)  # warm-up, not timed
+        for chunk in [length, *chunks]:
+            seqs = [list(p) for p in prompts]
+            t0 = time.perf_counter()
+            done = 0
+            while done < length:
+                step = min(chunk, length - done)
+                params = SamplingParams(max_tokens=step, min_tokens=step, temperature=1.0, detokenize=False)
+                results = llm.generate([tokens_input(s) for s in seqs], params, use_tqdm=False)
+                seqs = [s + list(r.outputs[0].token_ids) for s, r in zip(seqs, results)]
+                done += step
+            out.append({"prefix_cache": cache, "chunk_tokens": chunk, "seconds": time.perf_counter() - t0})
+        del llm
+    for row in out:
+        whole = next(r for r in out if r["prefix_cache"] == row["prefix_cache"] and r["chunk_tokens"] == length)
+        row["time_vs_whole"] = row["seconds"] / whole["seconds"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunk", type=int, nargs="+", default=[128], help="divided rollout chunk sizes to try")
+    ap.add_argument("--skip-first", type=int, default=1, help="steps left out of the means (engine warm-up)")
+    ap.add_argument("--keep", type=Path, help="keep the run directories here (bench/sim.py reads them)")
+    ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
+    args = ap.parse_args()
+
+    wl = workload(args.overrides)
+    print(f"workload: {wl}", flush=True)
+    overhead = chunk_overhead(sorted({32, 64, 128, 256, *args.chunk}))
+    print_table(
+        "cost of dividing a 768-token response into chunks (32 requests, engine batch 16)",
+        overhead,
+        [("prefix_cache", "prefix cache", ""), ("chunk_tokens", "chunk", "d"), ("seconds", "seconds", ".2f"), ("time_vs_whole", "vs whole", ".2f")],
+    )
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="flashq-longtail-") as tmp:
+        for name, policy in policies(args.chunk):
+            row = run(name, policy, args.overrides, (args.keep or Path(tmp)) / ("sched-" + name.replace("/", "-").replace("+", "-")), args.skip_first)
+            rows.append(row)
+            print(f"{name}: makespan {row['makespan_s']:.2f}s, tail {row['tail_s']:.2f}s", flush=True)
+    fifo = next(r for r in rows if r["policy"] == "fifo")
+    oracle = next(r for r in rows if r["policy"] == "oracle")
+    for r in rows:
+        r["tail_vs_fifo"] = r["tail_s"] / fifo["tail_s"]
+        r["makespan_vs_fifo"] = r["makespan_s"] / fifo["makespan_s"]
+        r["makespan_vs_oracle"] = r["makespan_s"] / oracle["makespan_s"]
+    print_table(
+        "long-tail scheduling: same replayed lengths, 2 rollout workers (means over steps)",
+        rows,
+        [("policy", "policy", ""), ("makespan_s", "makespan s", ".2f"), ("tail_s", "tail s (last 10%)", ".2f"),
+         ("tail_share", "tail share", ".0%"), ("tail_vs_fifo", "tail vs FIFO", ".2f"),
+         ("makespan_vs_fifo", "makespan vs FIFO", ".2f"), ("makespan_vs_oracle", "vs oracle", ".2f"),
+         ("tokens_per_s", "tokens/s", ",.0f")],
+    )
+    (ROOT / "docs").mkdir(exist_ok=True)
+    plot(rows, ROOT / "docs" / "longtail.png")
+    divided = min((r for r in rows if r["policy"].startswith("context_aware+divided")), key=lambda r: r["makespan_s"])
+    figures = {
+        "tail_time_vs_fifo": divided["tail_vs_fifo"],
+        "makespan_vs_oracle": divided["makespan_vs_oracle"],
+        "makespan_vs_fifo": divided["makespan_vs_fifo"],
+        "context_aware_tail_time_vs_fifo": next(r for r in rows if r["policy"] == "context_aware")["tail_vs_fifo"],
+        "divided_chunk_tokens": int(divided["policy"].rsplit("/", 1)[1]),
+    }
+    figures["chunk_overhead_with_prefix_cache"] = next(
+        r["time_vs_whole"] for r in overhead if r["prefix_cache"] and r["chunk_tokens"] == figures["divided_chunk_tokens"])
+    path = write_result("longtail", {"workload": wl, "runs": rows, "chunk_overhead": overhead}, figures,
+                        notes="Synchronous steps on the real engine; makespan from the first request sent to the last "
+                              "response back, per step; tail = makespan minus the time 90% of responses were back.")
+    print(f"figures: {figures}\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""A discrete-event simulator of a whole flashq run, for planning what this machine cannot run.
+
+The coordinator is not modelled: the simulator drives flashq's own `Orchestrator` (staleness
+gate, prompt replication, queue scheduling, the schedulers, divided rollout) with modelled parts
+around it:
+- each rollout engine runs continuous batching: every decode step advances each running request
+  by one token and takes T(B) = step_s + step_s_per_seq * B for B running requests, plus
+  prefill_s_per_token for each prompt token of a request it admits that its prefix cache does
+  not hold (a divided response's next chunk on the engine that ran the last one prefills nothing);
+- the trainer takes train_s + train_s_per_token * tokens per step, then the weight sync pauses
+  every engine for weight_sync_s;
+- reward takes reward_s per response.
+`Calibration.fit` reads those constants from the metrics of real flashq runs. Output lengths come
+from `sampling.forced_lengths` (the length distribution a user plans for).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from flashq.config import ConfigError, FlashqConfig
+from flashq.orchestrator import Orchestrator
+from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
+
+
+@dataclass
+class Calibration:
+    step_s: float = 1.5e-3  # decode step at batch 1
+    step_s_per_seq: float = 4e-5  # added per running request
+    prefill_s_per_token: float = 2e-5
+    train_s: float = 0.02
+    train_s_per_token: float = 3e-5
+    weight_sync_s: float = 0.1
+    reward_s: float = 0.002
+    source: list[str] = field(default_factory=list)
+
+    def step_time(self, batch: int) -> float:
+        return self.step_s + self.step_s_per_seq * batch
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def fit(cls, run_dirs: list[Path]) -> Calibration:
+        """Engine step-time line from each worker's (mean batch, tokens per busy second) over
+        runs with different batch sizes; trainer line from per-step seconds and tokens."""
+        from flashq.metrics import read_metrics
+
+        points, train_x, train_y, syncs = [], [], [], []
+        for run in run_dirs:
+            steps = read_metrics(Path(run) / "metrics.jsonl")
+            last = steps[-1]
+            for key in (k for k in last if k.startswith("rollout/busy_s_total/")):
+                worker = key.rsplit("/", 1)[1]
+                busy, load = last[key], last[f"rollout/load_s_total/{worker}"]
+                tokens = last.get(f"rollout/tokens_total/{worker}", 0.0)
+                if busy > 0 and tokens > 0:
+                    batch = load / busy
+                    points.append((batch, batch * busy / tokens))  # T(B) = B / (tokens per busy second)
+            train_x += [r["train/tokens"] for r in steps[1:]]
+            train_y += [r["train/seconds"] for r in steps[1:]]
+            syncs += [r["trainer/weight_sync_s"] for r in steps[1:]]
+        if len({round(b, 1) for b, _ in points}) < 2:
+            raise ValueError("calibration needs runs whose engines ran at different mean batch sizes (e.g. alpha 0 and 2)")
+        b, t = np.array(points).T
+        slope, intercept = np.polyfit(b, t, 1)
+        tslope, tintercept = np.polyfit(train_x, train_y, 1) if len(set(train_x)) > 1 else (0.0, float(np.mean(train_y)))
+        return cls(step_s=max(float(intercept), 1e-5), step_s_per_seq=max(float(slope), 0.0),
+                   train_s=max(float(tintercept), 0.0), train_s_per_token=max(float(tslope), 0.0),
+                   weight_sync_s=float(np.median(syncs)), source=[str(r) for r in run_dirs])
+
+
+class _Engine:
+    """Continuous batching in closed form: between events the batch is constant, so progress is
+    elapsed time over T(B). Requests beyond the engine's batch wait inside it, in arrival order."""
+
+    def __init__(self, name: str, cal: Calibration, max_batch: int):
+        self.name, self.cal, self.max_batch = name, cal, max_batch
+        self.running: dict[str, list] = {}  # request id -> [tokens left, request, length]
+        self.waiting: list[tuple[GenerateRequest, int]] = []
+        self.t = 0.0
+        self.paused_until = 0.0  # weight sync, prefill
+        self.busy_s = 0.0
+        self.cached: set[str] = set()  # responses whose prefix this engine holds
+
+    def advance(self, now: float) -> None:
+        start = max(self.t, self.paused_until)
+        if now > start and self.running:
+            steps = (now - start) / self.cal.step_time(len(self.running))
+            for item in self.running.values():
+                item[0] -= steps
+        if self.running and now > self.t:
+            self.busy_s += now - self.t
+        self.t = max(self.t, now)
+
+    def add(self, now: float, req: GenerateRequest, length: int) -> None:
+        self.advance(now)
+        self.waiting.append((req, length))
+        self.fill()
+
+    def fill(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch:
+            req, length = self.waiting.pop(0)
+            self.running[req.request_id] = [float(length), req, length]
+            uncached = len(req.prompt_ids) - (req.generated if req.request_id in self.cached else 0)
+            self.paused_until = max(self.paused_until, self.t) + self.cal.prefill_s_per_token * uncached
+            self.cached.add(req.request_id)
+
+    def next_finish(self) -> float:
+        if not self.running:
+            return float("inf")
+        left = max(0.0, min(item[0] for item in self.running.values()))
+        return max(self.t, self.paused_until) + left * self.cal.step_time(len(self.running))
+
+    def pop_finished(self, now: float) -> list[tuple[GenerateRequest, int]]:
+        self.advance(now)
+        done = [rid for rid, item in self.running.items() if item[0] <= 1e-6]
+        out = [(self.running[rid][1], self.running[rid][2]) for rid in done]
+        for rid in done:
+            del self.running[rid]
+        self.fill()
+        return out
+
+
+class Simulation:
+    def __init__(self, cfg: FlashqConfig, cal: Calibration, prompt_tokens: int = 32, distinct_prompts: int | None = None):
+        if cfg.sampling.forced_lengths is None:
+            raise ConfigError("the simulator needs sampling.forced_lengths: the output-length distribution to plan for")
+        self.cfg, self.cal = cfg, cal
+        workers = [f"rollout-{i}" for i in range(cfg.rollout.num_workers)]
+        size = distinct_prompts or 10**9
+
+        class Prompts:
+            def task(self, i):
+                return {"id": str(i % size), "prompt": str(i % size)}
+
+        self.orch = Orchestrator(cfg, Prompts(), lambda t: np.full(prompt_tokens, int(t["id"]) % 30000 + 1, np.int32) + np.arange(prompt_tokens, dtype=np.int32), workers, ["reward-0"])
+        self.engines = {w: _Engine(w, cal, min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker)) for w in workers}
+        self.events: list = []
+        self.seq = itertools.count()
+
+    def _length(self, req: GenerateRequest) -> int:
+        from flashq.lengths import forced_length
+
+        s = self.cfg.sampling
+        gid, k = req.request_id.rsplit("/", 1)
+        return min(req.max_tokens, forced_length(s.forced_lengths, int(gid[1:]) * s.group_size + int(k), s.group_size) - req.generated)
+
+    def _push(self, t: float, kind: str, payload=None) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, payload))
+
+    def run(self) -> dict:
+        orch, now = self.orch, 0.0
+        trainer_free_at, batches, step_ends = 0.0, [], []
+        orch.on_batch_request(2)
+        while not orch.done:
+            orch.pump()
+            outbox, orch.outbox = orch.outbox, []
+            for peer, msg in outbox:
+                if isinstance(msg, GenerateRequest):
+                    self.engines[peer].add(now, msg, self._length(msg))
+                elif isinstance(msg, ScoreRequest):
+                    self._push(now + self.cal.reward_s, "reward", msg.sample.request_id)
+                elif isinstance(msg, TrainBatch):
+                    batches.append(msg)
+            if batches and trainer_free_at <= now:
+                batch = batches.pop(0)
+                trainer_free_at = now + self.cal.train_s + self.cal.train_s_per_token * float(np.diff(batch.response_offsets).sum())
+                self._push(trainer_free_at, "trained", batch.batch_index)
+            t_engine = min((e.next_finish(), w) for w, e in self.engines.items())
+            t_event = self.events[0][0] if self.events else float("inf")
+            if min(t_engine[0], t_event) == float("inf"):
+                raise RuntimeError("simulation stalled: nothing running and nothing scheduled")
+            if t_engine[0] <= t_event:
+                now = t_engine[0]
+                engine = self.engines[t_engine[1]]
+                for req, n in engine.pop_finished(now):
+                    reason = "length" if n == req.max_tokens else "stop"
+                    orch.on_sample(engine.name, Sample(req.request_id, req.group_id, 0, np.zeros(n, np.int32),
+                                                       np.zeros(n, np.float32), np.full(n, orch.engine_version, np.int32), reason))
+                continue
+            now, _, kind, payload = heapq.heappop(self.events)
+            if kind == "reward":
+                orch.on_reward("reward-0", RewardResult(payload, 0.0))
+            elif kind == "trained":
+                version = payload + 1
+                trainer_free_at = now + self.cal.weight_sync_s  # the trainer pushes the weights itself
+                orch.on_step_trained(version)
+                orch.on_batch_request(1)
+                for e in self.engines.values():
+                    e.advance(now)
+                    e.paused_until = max(e.paused_until, now) + self.cal.weight_sync_s
+                self._push(now + self.cal.weight_sync_s, "served", version)
+                step_ends.append(now + self.cal.weight_sync_s)
+            elif kind == "served":
+                orch.on_weights_served(payload)
+        for e in self.engines.values():
+            e.advance(now)
+        steps = np.diff([0.0, *step_ends])
+        tokens = orch.ledger.tokens_received
+        return {
+            "steps": len(step_ends),
+            "seconds": step_ends[-1],
+            "step_s_mean": float(steps.mean()),
+            "tokens_per_s": tokens / step_ends[-1],
+            "engine_idle_share": float(np.mean([1 - e.busy_s / step_ends[-1] for e in self.engines.values()])),
+        }
+
+
+def sweep(config: Path, overrides: list[str], grid: list[str], cal: Calibration) -> list[dict]:
+    """Simulate every combination of the grid's values (`key=v1,v2`), on top of the overrides."""
+    from flashq.config import load_config
+
+    axes = []
+    for item in grid:
+        key, sep, values = item.partition("=")
+        if not sep or not values:
+            raise ConfigError(f"--grid {item!r} is not of the form key=v1,v2")
+        axes.append([f"{key}={v}" for v in values.split(",")])
+    rows = []
+    for combo in itertools.product(*axes) if axes else [()]:
+        cfg = load_config(config, [*overrides, *combo])
+        result = Simulation(cfg, cal).run()
+        rows.append({"settings": dict(c.split("=", 1) for c in combo) or {"config": str(config)}, **result})
+    return rows
