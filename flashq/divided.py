@@ -62,14 +62,6 @@ class DividedRollout:
             req, prompt_ids=tokens, generated=done, max_tokens=step, min_tokens=step if part.forced else 0
         )
 
-    def generated(self, request_id: str) -> int:
-        part = self.partial.get(request_id)
-        return part.generated if part else 0
-
-    def drop(self, request_id: str) -> None:
-        """Forget the pieces of a response that will be generated again from the start."""
-        self.partial.pop(request_id, None)
-
 
 def _join(pieces: list[Sample]) -> Sample:
     last = pieces[-1]

@@ -59,12 +59,10 @@ class LengthEstimates:
         """L^_g: the longest of finished siblings, progress seen, and history; `default` (the
         budget) for a group with nothing finished and no history."""
         seen = self.sibling_max.get(group_id, 0)
+        if not self.known(group_id):
+            return max(seen, default)
         past = self.history.get(self.group_key.get(group_id, ""))
-        if self.finished.get(group_id, 0) > 0:
-            return max(seen, max(max(e) for e in past) if past else 0)
-        if past:
-            return max(seen, max(max(e) for e in past))
-        return max(seen, default)
+        return max(seen, max(max(e) for e in past) if past else 0)
 
 
 def forced_length(fl, index: int, group_size: int = 1) -> int:

@@ -137,8 +137,7 @@ class Orchestrator:
         })
         if len(group.samples) == group.size:
             self.lengths.close_group(sample.group_id)
-            if isinstance(self.gen_queue.waiting, ContextAwareOrder):
-                self.gen_queue.waiting.forget_group(sample.group_id)
+            self.gen_queue.waiting.forget_group(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
 
     def on_reward(self, peer: str, result: RewardResult) -> None:

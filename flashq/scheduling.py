@@ -30,6 +30,7 @@ class WaitingOrder(Protocol):
     def push(self, req: GenerateRequest) -> None: ...
     def push_front(self, req: GenerateRequest) -> None: ...
     def pop(self) -> GenerateRequest: ...
+    def forget_group(self, group_id: str) -> None: ...  # the group is complete
     def __len__(self) -> int: ...
 
 
@@ -51,6 +52,9 @@ class FifoOrder:
 
     def __iter__(self):
         return iter(self.items)
+
+    def forget_group(self, group_id: str) -> None:
+        pass
 
 
 class ContextAwareOrder:
@@ -85,13 +89,13 @@ class ContextAwareOrder:
         self.count -= 1
         starved = self._starved()
         if starved is not None:
-            return self.by_group_pop(starved)
+            return self._pop_from_group(starved)
         if self.probes:
             return heapq.heappop(self.probes)[3]
         gid = max(self.by_group, key=lambda g: (self.estimates.estimate(g, self.budget), -self.by_group[g][0][0]))
-        return self.by_group_pop(gid)
+        return self._pop_from_group(gid)
 
-    def by_group_pop(self, gid: str) -> GenerateRequest:
+    def _pop_from_group(self, gid: str) -> GenerateRequest:
         queue = self.by_group[gid]
         _, req = queue.popleft()
         if not queue:
@@ -127,6 +131,9 @@ class OracleOrder:
 
     def pop(self) -> GenerateRequest:
         return heapq.heappop(self.heap)[2]
+
+    def forget_group(self, group_id: str) -> None:
+        pass
 
     def __len__(self) -> int:
         return len(self.heap)
