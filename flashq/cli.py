@@ -119,11 +119,12 @@ def _sim(args) -> int:
     rows = sweep(args.config, args.overrides, args.grid, cal)
     table = Table(title=f"flashq sim {args.config} (predicted)")
     keys = list(rows[0]["settings"])
-    for header in [*keys, "s/step", "tokens/s", "vs first", "engine idle"]:
+    for header in [*keys, "s/step", "tokens/s", "vs first", "engine idle", "rollout s", "tail s"]:
         table.add_column(header, justify="right")
     for r in rows:
         table.add_row(*[str(v) for v in r["settings"].values()], f"{r['step_s_mean']:.3f}", f"{r['tokens_per_s']:,.0f}",
-                      f"{r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x", f"{100 * r['engine_idle_share']:.0f}%")
+                      f"{r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x", f"{100 * r['engine_idle_share']:.0f}%",
+                      f"{r['rollout_s_mean']:.2f}", f"{r['tail_s_mean']:.2f}")
     Console().print(table)
     return 0
 

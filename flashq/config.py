@@ -125,6 +125,9 @@ class RolloutConfig(Section):
         "or longest-first knowing every length (benchmarks with sampling.forced_lengths only).",
     )
     chunk_tokens: int = Field(0, ge=0, description="Divided rollout: generate responses in chunks of this many tokens; 0: whole.")
+    group_affinity: bool = Field(
+        False, description="Keep a prompt's requests on the worker its first one went to while it has room (else spread them)."
+    )
     starvation_s: float = Field(60.0, gt=0, description="context_aware: a request waiting this long goes next.")
     history_epochs: int = Field(2, ge=1, description="Epochs of a prompt's past response lengths kept for its estimate.")
 

@@ -4,12 +4,14 @@ Used twice by the coordinator: generation requests over rollout workers and scor
 reward workers. Each worker has a cap on requests in flight; a request waits until a worker has
 room (per-request dispatch, not per-batch), in the order `flashq.scheduling` keeps (FIFO unless
 configured). Replicas of one prompt are independent requests, so they spread over workers when
-that is where the room is.
+that is where the room is, unless `affinity` names a key (the group id) whose requests should
+stay on one worker while it has room: siblings then share that engine's prefix cache and drafts,
+as in systems that hand each engine a contiguous slice of the batch (veRL).
 """
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 from flashq.metrics import BusyClock
 from flashq.scheduling import FifoOrder, WaitingOrder
@@ -18,10 +20,13 @@ T = TypeVar("T")
 
 
 class LeastLoadedQueue(Generic[T]):
-    def __init__(self, workers: list[str], cap_per_worker: int, order: WaitingOrder | None = None):
+    def __init__(self, workers: list[str], cap_per_worker: int, order: WaitingOrder | None = None,
+                 affinity: Callable[[T], str] | None = None):
         if not workers:
             raise ValueError("need at least one worker")
         self.cap = cap_per_worker
+        self.affinity = affinity
+        self.home: dict[str, str] = {}  # affinity key -> the worker its first item went to
         self.load: dict[str, int] = {w: 0 for w in workers}
         self.clocks: dict[str, BusyClock] = {w: BusyClock() for w in workers}  # utilisation as dispatched
         self.waiting = order if order is not None else FifoOrder()
@@ -40,10 +45,19 @@ class LeastLoadedQueue(Generic[T]):
             worker = min(self.load, key=self.load.__getitem__)
             if self.load[worker] >= self.cap:
                 break
+            item = self.waiting.pop()
+            if self.affinity is not None:
+                home = self.home.setdefault(self.affinity(item), worker)
+                worker = home if self.load[home] < self.cap else worker  # spill when home is full
             self.load[worker] += 1
             self.clocks[worker].begin()
-            out.append((worker, self.waiting.pop()))
+            out.append((worker, item))
         return out
+
+    def forget(self, key: str) -> None:
+        """The key's items are all done: forget its home and tell the waiting order."""
+        self.home.pop(key, None)
+        self.waiting.forget_group(key)
 
     def done(self, worker: str) -> None:
         if self.load.get(worker, 0) <= 0:

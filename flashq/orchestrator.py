@@ -77,8 +77,10 @@ class Orchestrator:
         rollout_workers: list[str],
         reward_workers: list[str],
         trainer: str = "trainer",
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.cfg = cfg
+        self.clock = clock  # the simulator passes simulated time
         self.tasks = task_source
         self.encode_prompt = encode_prompt
         self.trainer = trainer
@@ -86,7 +88,8 @@ class Orchestrator:
         self.lengths = LengthEstimates(cfg.rollout.history_epochs)
         self.divided = DividedRollout(cfg.rollout.chunk_tokens)
         self.gen_queue: LeastLoadedQueue[GenerateRequest] = LeastLoadedQueue(
-            rollout_workers, cfg.rollout.max_inflight_per_worker, self._waiting_order()
+            rollout_workers, cfg.rollout.max_inflight_per_worker, self._waiting_order(),
+            affinity=(lambda req: req.group_id) if cfg.rollout.group_affinity else None,
         )
         self.score_queue: LeastLoadedQueue[ScoreRequest] = LeastLoadedQueue(
             reward_workers, cfg.reward.max_inflight_per_worker
@@ -132,12 +135,12 @@ class Orchestrator:
         self.ledger.tokens_received += len(sample.token_ids)
         self.finished_requests.append({
             "request_id": sample.request_id, "admitted_version": group.admission.version, "worker": worker,
-            "sent": self.request_sent_at.pop(sample.request_id, None), "finished": time.monotonic(),
+            "sent": self.request_sent_at.pop(sample.request_id, None), "finished": self.clock(),
             "tokens": len(sample.token_ids),
         })
         if len(group.samples) == group.size:
             self.lengths.close_group(sample.group_id)
-            self.gen_queue.waiting.forget_group(sample.group_id)
+            self.gen_queue.forget(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
 
     def on_reward(self, peer: str, result: RewardResult) -> None:
@@ -184,7 +187,7 @@ class Orchestrator:
             self.request_worker[req.request_id] = worker
             self.request_sent[req.request_id] = req
             if not req.generated:  # a response's first chunk
-                self.request_sent_at[req.request_id] = time.monotonic()
+                self.request_sent_at[req.request_id] = self.clock()
                 self.ledger.requests_sent += 1
             self.outbox.append((worker, req))
         for worker, req in self.score_queue.assignments():
@@ -195,7 +198,7 @@ class Orchestrator:
     def _waiting_order(self):
         rc, s = self.cfg.rollout, self.cfg.sampling
         if rc.scheduler == "context_aware":
-            return ContextAwareOrder(self.lengths, s.max_tokens, rc.starvation_s)
+            return ContextAwareOrder(self.lengths, s.max_tokens, rc.starvation_s, self.clock)
         if rc.scheduler == "oracle":
             return OracleOrder(lambda req: forced_length(s.forced_lengths, _request_index(req, s.group_size), s.group_size) - req.generated)
         return FifoOrder()

@@ -4,9 +4,14 @@ The coordinator is not modelled: the simulator drives flashq's own `Orchestrator
 gate, prompt replication, queue scheduling, the schedulers, divided rollout) with modelled parts
 around it:
 - each rollout engine runs continuous batching: every decode step advances each running request
-  by one token and takes T(B) = step_s + step_s_per_seq * B for B running requests, plus
-  prefill_s_per_token for each prompt token of a request it admits that its prefix cache does
-  not hold (a divided response's next chunk on the engine that ran the last one prefills nothing);
+  and takes T(B) = step_s + step_s_per_seq * B for B running requests, plus prefill_s_per_token
+  for each prompt token of a request it admits that its prefix cache does not hold (a divided
+  response's next chunk on the engine that ran the last one prefills nothing);
+- speculative decoding (spec_accept > 0): a step verifying g draft tokens per request costs
+  T(B) + verify_s_per_token * B * g and advances each request by the expected accepted length
+  (1 - p^(g+1)) / (1 - p); each step picks the g <= spec_max_draft that minimises time per token
+  (Seer's marginal-benefit rule): drafts pay in the tail, where a step's fixed part dominates, and
+  turn off at large batch when a verified token costs about what a request's decode does;
 - the trainer takes train_s + train_s_per_token * tokens per step, then the weight sync pauses
   every engine for weight_sync_s;
 - reward takes reward_s per response.
@@ -38,10 +43,23 @@ class Calibration:
     train_s_per_token: float = 3e-5
     weight_sync_s: float = 0.1
     reward_s: float = 0.002
+    spec_accept: float = 0.0  # per-draft-token acceptance probability; 0: no speculation
+    spec_max_draft: int = 8
+    verify_s_per_token: float = 0.0  # added per draft token verified
     source: list[str] = field(default_factory=list)
 
     def step_time(self, batch: int) -> float:
         return self.step_s + self.step_s_per_seq * batch
+
+    def decode(self, batch: int) -> tuple[float, float]:
+        """(seconds per step, tokens per request per step) at the best draft length for `batch`."""
+        best = (self.step_time(batch), 1.0)
+        p = self.spec_accept
+        for g in range(1, self.spec_max_draft + 1) if p > 0 else ():
+            step, tokens = self.step_time(batch) + self.verify_s_per_token * batch * g, (1 - p ** (g + 1)) / (1 - p)
+            if step / tokens < best[0] / best[1]:
+                best = (step, tokens)
+        return best
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
@@ -91,14 +109,20 @@ class _Engine:
         self.t = 0.0
         self.paused_until = 0.0  # weight sync, prefill
         self.busy_s = 0.0
+        self.steps = self.spec_steps = self.spec_tokens = 0.0  # for the mean acceptance length
         self.cached: set[str] = set()  # responses whose prefix this engine holds
 
     def advance(self, now: float) -> None:
         start = max(self.t, self.paused_until)
         if now > start and self.running:
-            steps = (now - start) / self.cal.step_time(len(self.running))
+            step, tokens = self.cal.decode(len(self.running))
+            steps = (now - start) / step
+            self.steps += steps
+            if tokens > 1:
+                self.spec_steps += steps
+                self.spec_tokens += steps * tokens
             for item in self.running.values():
-                item[0] -= steps
+                item[0] -= steps * tokens
         if self.running and now > self.t:
             self.busy_s += now - self.t
         self.t = max(self.t, now)
@@ -120,7 +144,8 @@ class _Engine:
         if not self.running:
             return float("inf")
         left = max(0.0, min(item[0] for item in self.running.values()))
-        return max(self.t, self.paused_until) + left * self.cal.step_time(len(self.running))
+        step, tokens = self.cal.decode(len(self.running))
+        return max(self.t, self.paused_until) + left / tokens * step
 
     def pop_finished(self, now: float) -> list[tuple[GenerateRequest, int]]:
         self.advance(now)
@@ -144,10 +169,14 @@ class Simulation:
             def task(self, i):
                 return {"id": str(i % size), "prompt": str(i % size)}
 
-        self.orch = Orchestrator(cfg, Prompts(), lambda t: np.full(prompt_tokens, int(t["id"]) % 30000 + 1, np.int32) + np.arange(prompt_tokens, dtype=np.int32), workers, ["reward-0"])
+        self.now = 0.0
+        self.orch = Orchestrator(cfg, Prompts(), lambda t: np.full(prompt_tokens, int(t["id"]) % 30000 + 1, np.int32) + np.arange(prompt_tokens, dtype=np.int32),
+                                 workers, ["reward-0"], clock=lambda: self.now)
         self.engines = {w: _Engine(w, cal, min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker)) for w in workers}
         self.events: list = []
         self.seq = itertools.count()
+        self.sent: dict[str, float] = {}  # request id -> first dispatch
+        self.finished: dict[str, float] = {}
 
     def _length(self, req: GenerateRequest) -> int:
         from flashq.lengths import forced_length
@@ -160,7 +189,7 @@ class Simulation:
         heapq.heappush(self.events, (t, next(self.seq), kind, payload))
 
     def run(self) -> dict:
-        orch, now = self.orch, 0.0
+        orch, now = self.orch, self.now
         trainer_free_at, batches, step_ends = 0.0, [], []
         orch.on_batch_request(2)
         while not orch.done:
@@ -168,8 +197,10 @@ class Simulation:
             outbox, orch.outbox = orch.outbox, []
             for peer, msg in outbox:
                 if isinstance(msg, GenerateRequest):
+                    self.sent.setdefault(msg.request_id, now)
                     self.engines[peer].add(now, msg, self._length(msg))
                 elif isinstance(msg, ScoreRequest):
+                    self.finished[msg.sample.request_id] = now
                     self._push(now + self.cal.reward_s, "reward", msg.sample.request_id)
                 elif isinstance(msg, TrainBatch):
                     batches.append(msg)
@@ -182,7 +213,7 @@ class Simulation:
             if min(t_engine[0], t_event) == float("inf"):
                 raise RuntimeError("simulation stalled: nothing running and nothing scheduled")
             if t_engine[0] <= t_event:
-                now = t_engine[0]
+                now = self.now = t_engine[0]
                 engine = self.engines[t_engine[1]]
                 for req, n in engine.pop_finished(now):
                     reason = "length" if n == req.max_tokens else "stop"
@@ -190,6 +221,7 @@ class Simulation:
                                                        np.zeros(n, np.float32), np.full(n, orch.engine_version, np.int32), reason))
                 continue
             now, _, kind, payload = heapq.heappop(self.events)
+            self.now = now
             if kind == "reward":
                 orch.on_reward("reward-0", RewardResult(payload, 0.0))
             elif kind == "trained":
@@ -206,15 +238,39 @@ class Simulation:
                 orch.on_weights_served(payload)
         for e in self.engines.values():
             e.advance(now)
+        spec_tokens = sum(e.spec_tokens for e in self.engines.values())
+        spec_steps = sum(e.spec_steps for e in self.engines.values())
         steps = np.diff([0.0, *step_ends])
         tokens = orch.ledger.tokens_received
         return {
             "steps": len(step_ends),
             "seconds": step_ends[-1],
             "step_s_mean": float(steps.mean()),
+            "step_s_per_step": [float(x) for x in steps],
             "tokens_per_s": tokens / step_ends[-1],
             "engine_idle_share": float(np.mean([1 - e.busy_s / step_ends[-1] for e in self.engines.values()])),
+            **self._rollout_phases(),
+            "mean_acceptance_length": spec_tokens / spec_steps if spec_steps else 1.0,
         }
+
+    def _rollout_phases(self) -> dict:
+        """Per trainer step's batch of groups: rollout time (first dispatch to last response) and
+        tail time (the last 10% of its responses), averaged over steps."""
+        per_step: dict[int, list[tuple[float, float]]] = {}
+        for rid, end in self.finished.items():
+            step = int(rid.split("/")[0][1:]) // self.cfg.trainer.batch_groups
+            per_step.setdefault(step, []).append((self.sent[rid], end))
+        size = self.cfg.trainer.batch_groups * self.cfg.sampling.group_size
+        full = [per_step[k] for k in sorted(per_step) if len(per_step[k]) == size]
+        rollout, tail = [], []
+        for items in full:
+            ends = np.sort([e for _, e in items])
+            start = min(s for s, _ in items)
+            rollout.append(ends[-1] - start)
+            tail.append(ends[-1] - ends[int(np.ceil(0.9 * len(ends))) - 1])
+        return {"rollout_s_mean": float(np.mean(rollout)) if rollout else float("nan"),
+                "tail_s_mean": float(np.mean(tail)) if tail else float("nan"),
+                "rollout_s_per_step": [float(x) for x in rollout], "tail_s_per_step": [float(x) for x in tail]}
 
 
 def sweep(config: Path, overrides: list[str], grid: list[str], cal: Calibration) -> list[dict]:

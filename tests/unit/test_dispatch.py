@@ -39,3 +39,13 @@ def test_utilisation_clock_counts_idle_time_only_when_nothing_is_in_flight():
     assert clock.in_flight == 0
     busy1, idle1 = clock.snapshot()
     assert busy1 >= busy0 and idle1 >= idle0
+
+
+def test_affinity_keeps_a_group_on_one_worker_and_spills_when_it_is_full():
+    q = LeastLoadedQueue(["a", "b"], cap_per_worker=3, affinity=lambda item: item.split("/")[0])
+    for item in ["g0/0", "g0/1", "g1/0", "g0/2", "g0/3", "g1/1"]:
+        q.submit(item)
+    got = q.assignments()
+    assert got == [("a", "g0/0"), ("a", "g0/1"), ("b", "g1/0"), ("a", "g0/2"), ("b", "g0/3"), ("b", "g1/1")]
+    q.forget("g0")
+    assert "g0" not in q.home and q.home["g1"] == "b"

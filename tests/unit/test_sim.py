@@ -56,3 +56,22 @@ def test_calibration_recovers_the_step_time_line(tmp_path):
     assert cal.train_s_per_token == pytest.approx(1e-4, rel=1e-6) and cal.weight_sync_s == pytest.approx(0.2)
     cal.save(tmp_path / "cal.json")
     assert Calibration.load(tmp_path / "cal.json") == cal
+
+
+def test_speculation_turns_on_in_the_tail_and_off_at_large_batch():
+    cal = Calibration(step_s=10e-3, step_s_per_seq=1e-3, spec_accept=0.6, verify_s_per_token=1e-3)
+    step1, tokens1 = cal.decode(1)
+    assert tokens1 > 1.5 and step1 / tokens1 < cal.step_time(1)  # one request alone: drafts pay
+    assert cal.decode(256) == (cal.step_time(256), 1.0)  # a full batch: a verified draft costs what a request does
+    plain, spec = simulate("async_ratio=0").run(), simulate("async_ratio=0", cal=Calibration(spec_accept=0.6)).run()
+    assert plain["mean_acceptance_length"] == 1.0 and spec["mean_acceptance_length"] > 1.5
+    assert spec["seconds"] < plain["seconds"]
+
+
+def test_tail_time_is_the_last_tenth_of_each_steps_responses():
+    sim = simulate("async_ratio=0", "trainer.steps=2")
+    result = sim.run()
+    assert len(result["rollout_s_per_step"]) == len(result["tail_s_per_step"]) == 2
+    ends = sorted(t for rid, t in sim.finished.items() if int(rid.split("/")[0][1:]) < 8)
+    assert result["tail_s_per_step"][0] == pytest.approx(ends[-1] - ends[57])  # the 58th of 64 finished: 90% done
+    assert 0 < result["tail_s_mean"] < result["rollout_s_mean"]
