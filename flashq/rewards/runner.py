@@ -5,7 +5,8 @@ Async functions run on the event loop under `asyncio.wait_for`. Sync functions r
 its process, and because math-verify's own timeouts use signals, which work only in a
 process's main thread; "thread" is lighter but a call that never returns leaves its thread
 behind. When a process-pool call times out, the pool is killed and rebuilt; calls that were
-running beside it are retried once, since they did nothing wrong.
+running or queued beside it are retried once, since they did nothing wrong. `start` builds the
+pool before the first call, so a slow process start never counts against a call's timeout.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def _call(task: dict, text: str) -> Any:
     return _FN(task, text)
 
 
+def _ready() -> bool:
+    return _FN is not None
+
+
 class RewardRunner:
     def __init__(self, spec: str, executor: str = "process", workers: int = 2, timeout_s: float = 10.0):
         self.spec = spec
@@ -52,6 +57,12 @@ class RewardRunner:
                 self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="reward")
         return self.pool
 
+    async def start(self, timeout_s: float = 300.0) -> None:
+        """Start the pool's processes (and load the function in them) now."""
+        if self.kind == "process":
+            pool = self._pool()
+            await asyncio.wait_for(asyncio.gather(*[asyncio.wrap_future(pool.submit(_ready)) for _ in range(self.workers)]), timeout_s)
+
     async def __call__(self, task: dict, text: str) -> float:
         if self.kind == "async":
             return await asyncio.wait_for(self.fn(task, text), self.timeout_s)
@@ -67,6 +78,11 @@ class RewardRunner:
                 if attempt == 1:
                     raise
                 self._kill(pool)
+            except asyncio.CancelledError:
+                if not fut.cancelled() or asyncio.current_task().cancelling():
+                    raise  # this call itself is being cancelled
+                if attempt == 1:  # queued in a pool that was killed for another call, twice
+                    raise RuntimeError("reward call cancelled twice by pool restarts") from None
         raise AssertionError("unreachable")
 
     def _kill(self, pool: Executor) -> None:

@@ -59,6 +59,7 @@ class RewardWorker:
         rc = self.cfg.reward
         runner = RewardRunner(rc.function, rc.executor, rc.pool_workers, rc.timeout_s)
         self.scorer = RewardScorer(runner, lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=True))
+        await runner.start()
         self.link = connect(self.cfg, self.address, self.role)
         await handshake(self.link, self.cfg, hello(self.role))
         try:

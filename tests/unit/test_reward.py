@@ -81,6 +81,30 @@ def test_a_hanging_reward_is_killed_at_the_timeout_and_the_pool_recovers():
     asyncio.run(main())
 
 
+def test_calls_queued_beside_a_hanging_one_are_retried_not_lost():
+    """One call hangs and its pool is killed; the calls queued behind it in that pool are
+    cancelled by the kill and must be retried on the new pool, not vanish."""
+
+    async def main():
+        runner = RewardRunner(f"{HERE}:hang_on_7", "process", 1, 2.0)
+        await runner.start()
+        scorer = RewardScorer(runner, decode)
+        try:
+            reqs = [request(), *[request() for _ in range(3)]]
+            reqs[0].sample.token_ids = np.array([57], np.int32)  # decodes to "7": hangs
+            async def later(r):
+                await asyncio.sleep(1.0)  # queued behind the hanging call, well inside their own timeout
+                return await scorer.score(r)
+
+            results = await asyncio.gather(scorer.score(reqs[0]), *[later(r) for r in reqs[1:]])
+            assert "timed out" in results[0].error
+            assert [r.reward for r in results[1:]] == [1.0, 1.0, 1.0] and runner.restarts == 1
+        finally:
+            runner.close()
+
+    asyncio.run(main())
+
+
 def test_plugin_loading_errors_are_clear():
     assert load_reward_fn("flashq.rewards.builtin:exact_match") is exact_match
     with pytest.raises(ValueError, match="must look like"):
