@@ -71,7 +71,7 @@ class GroupBuffer:
 
 def pack_batch(groups: list[Group], batch_index: int) -> TrainBatch:
     request_ids, group_index, rewards, finish = [], [], [], []
-    prompts, responses, logprobs, versions = [], [], [], []
+    prompts, responses, logprobs, versions, masks = [], [], [], [], []
     for gi, group in enumerate(groups):
         for rid in sorted(group.samples):
             s = group.samples[rid]
@@ -79,7 +79,8 @@ def pack_batch(groups: list[Group], batch_index: int) -> TrainBatch:
             group_index.append(gi)
             rewards.append(group.rewards[rid].reward)
             finish.append(s.finish_reason)
-            prompts.append(group.prompt_ids)
+            prompts.append(s.prompt_ids if len(s.prompt_ids) else group.prompt_ids)  # episodes carry their own
+            masks.append(s.loss_mask if len(s.loss_mask) else np.ones(len(s.token_ids), np.uint8))
             responses.append(s.token_ids)
             logprobs.append(s.logprobs)
             versions.append(s.versions)
@@ -102,4 +103,5 @@ def pack_batch(groups: list[Group], batch_index: int) -> TrainBatch:
         logprobs=cat(logprobs, np.float32),
         versions=cat(versions, np.int32),
         finish_reasons=finish,
+        loss_mask=cat(masks, np.uint8) if any(len(s.loss_mask) for g in groups for s in g.samples.values()) else np.zeros(0, np.uint8),
     )

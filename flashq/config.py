@@ -91,6 +91,23 @@ class ForcedLengths(Section):
     )
 
 
+class EnvConfig(Section):
+    """A multi-turn environment (flashq.envs.base): each sample is an episode played against it."""
+
+    name: str = Field(description='"package.module:Class" or a `flashq.envs` entry point, e.g. flashq.envs.guess:GuessNumberEnv.')
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the class.")
+    max_turns: int = Field(8, ge=1, description="Assistant turns per episode; more is truncation.")
+    redundancy: int = Field(0, ge=0, description="Extra episodes per group; the first group_size to finish are kept, the rest cancelled.")
+    step_timeout_s: float = Field(30.0, gt=0, description="Longest one reset/step may take; longer fails the episode.")
+    on_failure: Literal["resample", "fail"] = Field(
+        "resample", description="An episode that failed (env raised, timed out): start another for its group, or stop the run."
+    )
+    max_failures_per_group: int = Field(4, ge=1, description="resample: more failures than this in one group stop the run.")
+    on_weight_update: Literal["continue", "regenerate"] = Field(
+        "continue", description="A turn sampled across a weight update: keep it (tokens tagged by version) or sample it again."
+    )
+
+
 class SamplingConfig(Section):
     group_size: int = Field(8, ge=1, description="Samples per prompt (n); each is its own request.")
     max_tokens: int = Field(16, ge=1)
@@ -248,6 +265,7 @@ class FlashqConfig(Section):
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     sampling: SamplingConfig = SamplingConfig()
+    env: EnvConfig | None = Field(None, description="Set to train on a multi-turn environment instead of single-turn tasks.")
     rollout: RolloutConfig = RolloutConfig()
     reward: RewardConfig = RewardConfig()
     trainer: TrainerConfig = TrainerConfig()
@@ -270,6 +288,8 @@ class FlashqConfig(Section):
             raise ValueError("rollout.scheduler 'oracle' needs sampling.forced_lengths (it must know every length)")
         if fl is not None and not fl.min <= fl.median <= fl.max <= self.sampling.max_tokens:
             raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
+        if self.env is not None and (self.rollout.scheduler != "fifo" or self.rollout.chunk_tokens or fl is not None):
+            raise ValueError("env episodes run with rollout.scheduler fifo, no rollout.chunk_tokens and no sampling.forced_lengths")
         gpus, want = self.placement.rollout_gpus, self.rollout.num_workers * self.rollout.tensor_parallel_size
         if gpus and len(gpus) != want:
             raise ValueError(
@@ -302,8 +322,8 @@ class FlashqConfig(Section):
 
 
 ROLE_SECTIONS = {
-    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "trainer", "rollout", "reward", "transport", "log", "resume_from"],
-    "rollout": ["name", "seed", "model", "rollout", "weight_sync", "transport", "log"],
+    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "env", "trainer", "rollout", "reward", "transport", "log", "resume_from"],
+    "rollout": ["name", "seed", "model", "env", "rollout", "weight_sync", "transport", "log"],
     "reward": ["name", "model", "reward", "transport", "log"],
     "trainer": ["name", "seed", "async_ratio", "model", "sampling", "trainer", "weight_sync", "transport", "log", "resume_from"],
 }

@@ -54,6 +54,10 @@ class LeastLoadedQueue(Generic[T]):
             out.append((worker, item))
         return out
 
+    def withdraw(self, group_id: str) -> list[T]:
+        """Take a group's waiting items out of the queue (they will not be dispatched)."""
+        return self.waiting.withdraw(group_id)
+
     def forget(self, key: str) -> None:
         """The key's items are all done: forget its home and tell the waiting order."""
         self.home.pop(key, None)

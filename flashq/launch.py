@@ -127,6 +127,13 @@ class Launcher:
 
     def run(self) -> int:
         check_placement(self.cfg)
+        if self.cfg.env is not None:  # a wrong env name fails here, not in every rollout worker
+            from flashq.envs.base import load_env_class
+
+            try:
+                load_env_class(self.cfg.env.name)
+            except ValueError as e:
+                raise ConfigError(f"env.name: {e}") from None
         return asyncio.run(self._main())
 
     async def _main(self) -> int:

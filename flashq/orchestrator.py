@@ -15,6 +15,7 @@ The `Ledger` counts every sample at every stage, so none is lost or trained twic
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,9 +29,12 @@ from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
 from flashq.divided import DividedRollout
 from flashq.lengths import LengthEstimates, forced_length
-from flashq.protocol import GenerateRequest, Message, RewardResult, Sample, ScoreRequest
+from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
+from flashq.redundancy import RedundantGroups
 from flashq.scheduling import ContextAwareOrder, FifoOrder, OracleOrder
 from flashq.staleness import Admission, StalenessGate
+
+log = logging.getLogger("flashq.orchestrator")
 
 
 @dataclass
@@ -46,6 +50,9 @@ class Ledger:
     samples_batched: int = 0
     samples_trained: int = 0
     batches_sent: int = 0
+    episodes_failed: int = 0  # env episodes that raised or timed out (each replaced or fatal)
+    episodes_discarded: int = 0  # answered but not kept: finished after their group was full, or cancelled
+    episodes_withdrawn: int = 0  # redundant episodes whose group filled before they were dispatched
     tasks_skipped: Counter = field(default_factory=Counter)
     rejected: Counter = field(default_factory=Counter)  # message-level rejections, by reason
 
@@ -61,8 +68,11 @@ class Ledger:
             "samples_batched": self.samples_batched,
             "samples_trained": self.samples_trained,
             "batches_sent": self.batches_sent,
+            "episodes_failed": self.episodes_failed,
+            "episodes_discarded": self.episodes_discarded,
+            "episodes_withdrawn": self.episodes_withdrawn,
             "samples_in_buffer": waiting,
-            "requests_in_flight": self.requests_sent - self.samples_received,
+            "requests_in_flight": self.requests_sent - self.samples_received - self.episodes_discarded - self.episodes_failed,
             "tasks_skipped": dict(self.tasks_skipped),
             "rejected": dict(self.rejected),
         }
@@ -96,6 +106,9 @@ class Orchestrator:
         )
         self.buffer = GroupBuffer()
         self.ledger = Ledger()
+        ec = cfg.env
+        self.episodes = RedundantGroups(ec.redundancy, ec.max_failures_per_group) if ec is not None else None
+        self.cancelled: set[str] = set()  # episodes told to stop, not yet answered
         self.engine_version = 0
         self.trained_version = 0
         self.trainer_credits = 0
@@ -123,6 +136,9 @@ class Orchestrator:
         self.gen_queue.done(worker)
         request = self.request_sent.pop(sample.request_id)
         self.worker_tokens[worker] += len(sample.token_ids)
+        if isinstance(request, EpisodeRequest):
+            self._on_episode(worker, sample)
+            return
         done = self.divided.on_chunk(request, sample)
         generated = request.generated + len(sample.token_ids)
         self.lengths.observe(sample.group_id, generated, finished=isinstance(done, Sample))
@@ -142,6 +158,50 @@ class Orchestrator:
             self.lengths.close_group(sample.group_id)
             self.gen_queue.forget(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
+
+    def _on_episode(self, worker: str, sample: Sample) -> None:
+        """An episode's sample: keep it (the environment scored it), or discard it (its group is
+        full), or replace it (it failed); once the group is full, cancel its other episodes."""
+        gid, rid = sample.group_id, sample.request_id
+        cancelled = rid in self.cancelled
+        self.cancelled.discard(rid)
+        failed = not cancelled and (sample.finish_reason in ("error", "abort") or sample.env_reward is None)
+        verdict = self.episodes.on_result(gid, rid, failed)
+        if verdict == "failed":
+            self.ledger.episodes_failed += 1
+            log.warning("episode %s on %s failed: %s", rid, worker, sample.error or sample.finish_reason)
+            if self.cfg.env.on_failure == "fail":
+                raise RuntimeError(f"episode {rid} failed ({sample.error or sample.finish_reason}) and env.on_failure is 'fail'")
+            for new in self.episodes.replacements(gid):
+                self.gen_queue.submit(self._episode_request(gid, new, self.buffer.groups[gid].task))
+        elif verdict == "discard":
+            self.ledger.episodes_discarded += 1
+        else:
+            group = self.buffer.add_sample(sample)
+            self.ledger.samples_received += 1
+            self.ledger.tokens_received += len(sample.token_ids)
+            self.finished_requests.append({
+                "request_id": rid, "admitted_version": group.admission.version, "worker": worker,
+                "sent": self.request_sent_at.pop(rid, None), "finished": self.clock(), "tokens": len(sample.token_ids),
+                "turns": sample.turns, "env_s": sample.env_seconds,
+            })
+            self.buffer.add_reward(gid, RewardResult(rid, float(sample.env_reward)))
+            self.ledger.rewards_received += 1
+            stop = self.episodes.to_cancel(gid)
+            if stop:
+                for withdrawn in self.gen_queue.withdraw(gid):
+                    self.episodes.on_result(gid, withdrawn.request_id, failed=False)
+                    self.ledger.episodes_withdrawn += 1
+                by_worker: dict[str, list[str]] = {}
+                for other in self.episodes.to_cancel(gid):
+                    by_worker.setdefault(self.request_worker[other], []).append(other)
+                for w, ids in by_worker.items():
+                    self.cancelled.update(ids)
+                    self.outbox.append((w, Cancel(ids, reason=f"group {gid} is full")))
+        self.request_sent_at.pop(rid, None)
+        if self.episodes.finished(gid):
+            self.gen_queue.forget(gid)
+            self.lengths.close_group(gid)
 
     def on_reward(self, peer: str, result: RewardResult) -> None:
         worker = self.score_worker.pop(result.request_id, None)
@@ -186,7 +246,7 @@ class Orchestrator:
         for worker, req in ([] if self.generation_paused else self.gen_queue.assignments()):
             self.request_worker[req.request_id] = worker
             self.request_sent[req.request_id] = req
-            if not req.generated:  # a response's first chunk
+            if not getattr(req, "generated", 0):  # a response's first chunk (or an episode)
                 self.request_sent_at[req.request_id] = self.clock()
                 self.ledger.requests_sent += 1
             self.outbox.append((worker, req))
@@ -210,6 +270,9 @@ class Orchestrator:
         while self.gate.capacity(self.engine_version) > 0 and (lookahead or self.gen_queue.free_slots() > 0):
             task = self.tasks.task(self.next_task)
             self.next_task += 1
+            if self.episodes is not None:  # the environment writes the prompt, in the rollout worker
+                self._admit_episodes(task)
+                continue
             prompt_ids = self.encode_prompt(task)
             room = self.cfg.rollout.max_model_len - self.cfg.sampling.max_tokens
             if len(prompt_ids) > room:
@@ -224,6 +287,22 @@ class Orchestrator:
             self.ledger.groups_admitted += 1
             for k in range(n):
                 self.gen_queue.submit(self._request(gid, k, prompt_ids))
+
+    def _admit_episodes(self, task: dict) -> None:
+        gid = f"g{self.next_group}"
+        self.next_group += 1
+        task = {**task, "seed": task.get("seed", (self.cfg.task.seed * 1_000_003 + self.next_task - 1) % 2**31)}
+        admission = self.gate.admit(gid, self.engine_version)
+        n = self.cfg.sampling.group_size
+        self.buffer.add_group(Group(task=task, prompt_ids=np.zeros(0, np.int32), size=n, admission=admission))
+        self.ledger.groups_admitted += 1
+        for rid in self.episodes.start(gid, n):
+            self.gen_queue.submit(self._episode_request(gid, rid, task))
+
+    def _episode_request(self, gid: str, rid: str, task: dict) -> EpisodeRequest:
+        s = self.cfg.sampling
+        return EpisodeRequest(request_id=rid, group_id=gid, task=task, seed=int(task["seed"]), max_tokens=s.max_tokens,
+                              temperature=s.temperature, top_p=s.top_p)
 
     def _request(self, gid: str, k: int, prompt_ids: np.ndarray) -> GenerateRequest:
         s = self.cfg.sampling
@@ -299,13 +378,21 @@ class Orchestrator:
             setattr(self.ledger, key, Counter(value) if isinstance(value, dict) else value)
         self.ledger.samples_batched = self.ledger.samples_trained
         self.ledger.batches_sent = state.version
-        self.ledger.requests_sent = self.ledger.samples_received
+        self.ledger.requests_sent = self.ledger.samples_received + self.ledger.episodes_discarded + self.ledger.episodes_failed
         for gs in state.groups:
             admission = Admission(gs.group_id, gs.admitted_version, gs.deadline)
             group = Group(task=gs.task, prompt_ids=gs.prompt_ids, size=gs.size, admission=admission)
             group.samples = {s.request_id: s for s in gs.samples}
             group.rewards = {r.request_id: r for r in gs.rewards}
             self.buffer.add_group(group)
+            if self.episodes is not None:  # episodes: start afresh what the group still needs
+                self.episodes.resume(gs.group_id, gs.size, [s.request_id for s in gs.samples])
+                for rid in self.episodes.replacements(gs.group_id):
+                    self.gen_queue.submit(self._episode_request(gs.group_id, rid, gs.task))
+                self.gate.pending[gs.group_id] = gs.deadline
+                if group.complete:
+                    self.buffer.complete.add(gs.group_id)
+                continue
             self.lengths.add_group(gs.group_id, gs.prompt_ids)
             for sample in gs.samples:
                 self.lengths.observe(gs.group_id, len(sample.token_ids), finished=True)

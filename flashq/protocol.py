@@ -19,7 +19,7 @@ import numpy as np
 
 SCHEMA_VERSION = 1
 
-I32, I64, F32 = np.dtype("<i4"), np.dtype("<i8"), np.dtype("<f4")
+I32, I64, F32, U8 = np.dtype("<i4"), np.dtype("<i8"), np.dtype("<f4"), np.dtype("|u1")
 
 
 class Msg(msgspec.Struct, array_like=True, tag=True, tag_field="kind", forbid_unknown_fields=True):
@@ -100,8 +100,43 @@ class GenerateRequest(Msg, tag="generate"):
         _require(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
 
 
+class EpisodeRequest(Msg, tag="episode"):
+    """Coordinator -> rollout worker: play one multi-turn episode of the configured environment.
+    A group's episodes share the task and seed (GRPO compares them); the reply is one `Sample`."""
+
+    request_id: str
+    group_id: str
+    task: dict[str, Any]
+    seed: int
+    max_tokens: int  # per assistant turn
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def validate(self) -> None:
+        _require(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        _require(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
+
+
+class Cancel(Msg, tag="cancel"):
+    """Coordinator -> rollout worker: stop these requests (redundant episodes of a group that is
+    already full). Each still gets its one `Sample` reply, with finish_reason "abort"."""
+
+    request_ids: list[str]
+    reason: str = ""
+
+
+def _empty_i32() -> np.ndarray:
+    return np.zeros(0, I32)
+
+
+def _empty_u8() -> np.ndarray:
+    return np.zeros(0, U8)
+
+
 class Sample(Msg, tag="sample"):
-    """Rollout worker -> coordinator: one finished response with its behaviour-policy data."""
+    """Rollout worker -> coordinator: one finished response with its behaviour-policy data.
+    An episode's sample also carries its own prompt (rendered by the worker), a loss mask (0 on
+    environment tokens) and the environment's reward."""
 
     request_id: str
     group_id: str
@@ -111,9 +146,24 @@ class Sample(Msg, tag="sample"):
     versions: np.ndarray  # int32, policy version that sampled each token
     finish_reason: str  # "stop" | "length" | "abort" | "error"
     gen_seconds: float = 0.0
+    prompt_ids: np.ndarray = msgspec.field(default_factory=_empty_i32)  # episodes: int32; empty: the group's prompt
+    loss_mask: np.ndarray = msgspec.field(default_factory=_empty_u8)  # episodes: uint8, one per token; empty: all 1
+    env_reward: float | None = None  # episodes: the environment's reward (no reward worker involved)
+    turns: int = 0
+    error: str = ""  # why an episode failed (finish_reason "error")
+    env_seconds: float = 0.0
+
+    @staticmethod
+    def empty_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """token_ids, logprobs, versions of a sample with no tokens (a cancelled episode)."""
+        return np.zeros(0, I32), np.zeros(0, F32), np.zeros(0, I32)
 
     def validate(self) -> None:
         n = len(self.token_ids)
+        _require(self.prompt_ids.dtype == I32 and self.prompt_ids.ndim == 1, "prompt_ids must be 1-D int32")
+        _require(self.loss_mask.dtype == U8 and self.loss_mask.shape in ((0,), (n,)), "loss_mask must be uint8, empty or one per token")
+        _require(bool(np.all(self.loss_mask <= 1)), "loss_mask must hold only 0 and 1")
+        _require(self.env_reward is None or math.isfinite(self.env_reward), f"env_reward is not finite: {self.env_reward}")
         _require(self.token_ids.dtype == I32 and self.token_ids.ndim == 1, "token_ids must be 1-D int32")
         _require(self.logprobs.dtype == F32 and self.logprobs.shape == (n,), "logprobs must be float32, one per token")
         _require(self.versions.dtype == I32 and self.versions.shape == (n,), "versions must be int32, one per token")
@@ -181,6 +231,7 @@ class TrainBatch(Msg, tag="batch"):
     logprobs: np.ndarray  # float32, aligned with response_ids
     versions: np.ndarray  # int32, aligned with response_ids
     finish_reasons: list[str] = []
+    loss_mask: np.ndarray = msgspec.field(default_factory=_empty_u8)  # uint8 aligned with response_ids; empty: all 1
 
     def validate(self) -> None:
         n = len(self.request_ids)
@@ -193,6 +244,7 @@ class TrainBatch(Msg, tag="batch"):
             _require(bool(np.all(np.diff(offsets) >= 0)), f"{name}_offsets are not monotone")
         _require(self.logprobs.shape == self.response_ids.shape, "logprobs must align with response_ids")
         _require(self.versions.shape == self.response_ids.shape, "versions must align with response_ids")
+        _require(self.loss_mask.dtype == U8 and self.loss_mask.shape in ((0,), self.response_ids.shape), "loss_mask must align with response_ids")
 
 
 class StepStats(Msg, tag="step_stats"):
@@ -249,6 +301,8 @@ Message = Union[
     Shutdown,
     Fatal,
     GenerateRequest,
+    EpisodeRequest,
+    Cancel,
     Sample,
     ScoreRequest,
     RewardResult,

@@ -32,12 +32,13 @@ def summarize(run_dir: Path) -> dict:
     sft = json.loads((run_dir / "sft.json").read_text()) if (run_dir / "sft.json").exists() else None
     # the policy RL starts from: the SFT model's own sampled reward on fresh prompts when there
     # was a warm start, else the first batch (generated entirely by the starting weights)
-    start = sft["sampled_accuracy"] if sft else rewards[0]
+    evaluated = sft is not None and "sampled_accuracy" in sft  # an environment's SFT is judged by playing it
+    start = sft["sampled_accuracy"] if evaluated else rewards[0]
     out = {
         "steps": steps[-1]["step"],
         "wall_minutes": steps[-1]["time/elapsed_s"] / 60,
         "reward_start": float(start),
-        "reward_start_source": "SFT eval, sampled at T=1" if sft else "first batch",
+        "reward_start_source": "SFT eval, sampled at T=1" if evaluated else "first batch",
         "reward_first_steps": float(np.mean(rewards[:window])),
         "reward_final": last,
         "reward_gain": last - float(start),
@@ -106,7 +107,7 @@ def summary_text(s: dict) -> str:
     ]
     if "samples_trained" in s:
         lines.append(f"samples trained {s['samples_trained']}, rejected frames {s.get('rejected_frames', 0)}")
-    if "sft" in s:
+    if "sampled_accuracy" in s.get("sft", {}):
         lines.append(f"SFT warm start: sampled accuracy {s['sft']['sampled_accuracy']:.3f}, greedy {s['sft']['greedy_accuracy']:.3f}")
     return "\n".join(lines)
 

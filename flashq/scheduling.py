@@ -56,6 +56,12 @@ class FifoOrder:
     def forget_group(self, group_id: str) -> None:
         pass
 
+    def withdraw(self, group_id: str) -> list[GenerateRequest]:
+        taken = [r for r in self.items if r.group_id == group_id]
+        if taken:
+            self.items = deque(r for r in self.items if r.group_id != group_id)
+        return taken
+
 
 class ContextAwareOrder:
     def __init__(self, estimates: LengthEstimates, budget: int, starvation_s: float = 60.0, clock: Callable[[], float] = time.monotonic):

@@ -3,7 +3,8 @@
 RL needs a policy that earns some reward: a random model never samples a correct answer, so
 its advantages are all zero. This trains the configured model on (prompt, answer) pairs from the
 same task source, with a different seed so RL prompts are not the ones it memorised, and the
-loss only on the answer tokens. The result is a Hugging Face checkpoint directory; it is cached
+loss only on the answer tokens. With an environment configured, the examples are conversations
+from its `demonstration(task, seed)` method, with the loss on the assistant turns. The result is a Hugging Face checkpoint directory; it is cached
 by a fingerprint of everything that shaped it, so repeating a quickstart skips the work.
 """
 
@@ -31,7 +32,8 @@ def output_dir(cfg: FlashqConfig) -> Path:
     if cfg.sft.output_dir is not None:
         return cfg.sft.output_dir
     key = json.dumps(
-        {"model": cfg.model.model_dump(mode="json"), "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json")},
+        {"model": cfg.model.model_dump(mode="json"), "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
+         **({"env": cfg.env.model_dump(mode="json")} if cfg.env is not None else {})},
         sort_keys=True,
     )
     return cfg.model.cache_dir / f"sft-{cfg.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
@@ -47,6 +49,35 @@ def encode_example(tokenizer, messages: list[dict], answer: str) -> tuple[list[i
     p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     full_ids = tokenizer(full.rstrip("\n"), add_special_tokens=False)["input_ids"]
     return full_ids, [0] * len(p_ids) + [1] * (len(full_ids) - len(p_ids))
+
+
+def encode_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of a multi-turn conversation rendered turn by turn, and a mask over the
+    assistant turns (each with its end-of-turn token)."""
+    ids, mask, rendered = [], [], ""
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        for text, trained in ((tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=False), 0),
+                              (tokenizer.apply_chat_template(messages[: i + 1], tokenize=False), 1)):
+            if not text.startswith(rendered):
+                raise ValueError("the chat template rewrites earlier turns; cannot build a multi-turn example")
+            piece = tokenizer(text[len(rendered):], add_special_tokens=False)["input_ids"]
+            ids += piece
+            mask += [trained] * len(piece)
+            rendered = text
+    return ids, mask
+
+
+def env_demonstrations(cfg: FlashqConfig):
+    """example(k) -> a demonstration conversation of the configured environment."""
+    from flashq.envs.base import load_env_class
+
+    env = load_env_class(cfg.env.name)(**cfg.env.kwargs)
+    if not hasattr(env, "demonstration"):
+        raise ValueError(f"{cfg.env.name} has no demonstration(task, seed) method, so `flashq sft` cannot warm-start on it")
+    seed0 = (cfg.task.seed + 1_000_003 + cfg.sft.seed) * 1_000_003
+    return lambda k: env.demonstration({}, (seed0 + k) % 2**31)
 
 
 def run_sft(cfg: FlashqConfig) -> Path:
@@ -68,6 +99,7 @@ def run_sft(cfg: FlashqConfig) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
     source = make_task_source(cfg.task.model_copy(update={"seed": cfg.task.seed + 1_000_003 + sc.seed}))
+    demo = env_demonstrations(cfg) if cfg.env is not None else None
     system = cfg.task.system_prompt
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, sc.warmup_steps)))
@@ -76,9 +108,12 @@ def run_sft(cfg: FlashqConfig) -> Path:
     for step in range(sc.steps):
         ids, masks = [], []
         for _ in range(sc.batch_size):
-            task = source.task(next_task)
+            if demo is not None:
+                i, m = encode_conversation(tokenizer, demo(next_task))
+            else:
+                task = source.task(next_task)
+                i, m = encode_example(tokenizer, chat_messages(task, system), str(task["answer"]))
             next_task += 1
-            i, m = encode_example(tokenizer, chat_messages(task, system), str(task["answer"]))
             ids.append(i)
             masks.append(m)
         loss = _loss(model, ids, masks, device)
@@ -89,11 +124,13 @@ def run_sft(cfg: FlashqConfig) -> Path:
         sched.step()
         if (step + 1) % max(1, sc.steps // 10) == 0 or step == 0:
             log.info("sft step %d/%d  loss %.4f", step + 1, sc.steps, loss.item())
-    eval_source = make_task_source(cfg.task.model_copy(update={"seed": cfg.task.seed + 2_000_003 + sc.seed}))
-    reward_fn = load_reward_fn(cfg.reward.function)
-    accuracy = evaluate(model, tokenizer, eval_source, system, reward_fn, sc.eval_prompts, cfg.sampling.max_tokens, device)
-    summary = {"steps": sc.steps, "examples": next_task, "seconds": time.monotonic() - t0, **accuracy}
-    log.info("sft done in %.0fs: greedy accuracy %.3f, sampled (T=1) accuracy %.3f", summary["seconds"], accuracy["greedy_accuracy"], accuracy["sampled_accuracy"])
+    summary = {"steps": sc.steps, "examples": next_task, "seconds": time.monotonic() - t0, "final_loss": loss.item()}
+    if demo is None:  # an environment's reward is measured by playing it, in the RL run
+        eval_source = make_task_source(cfg.task.model_copy(update={"seed": cfg.task.seed + 2_000_003 + sc.seed}))
+        reward_fn = load_reward_fn(cfg.reward.function)
+        summary.update(evaluate(model, tokenizer, eval_source, system, reward_fn, sc.eval_prompts, cfg.sampling.max_tokens, device))
+        log.info("sft greedy accuracy %.3f, sampled (T=1) accuracy %.3f", summary["greedy_accuracy"], summary["sampled_accuracy"])
+    log.info("sft done in %.0fs", summary["seconds"])
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

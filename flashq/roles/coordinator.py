@@ -261,6 +261,15 @@ class Coordinator:
         rec["engine_version"] = float(self.orch.engine_version)
         rec["groups_admitted"] = float(self.orch.ledger.groups_admitted)
         rec["rejected_frames"] = float(sum(self.hub.rejected.values()))
+        if self.orch.episodes is not None:
+            books = self.orch.ledger
+            rec["episodes/kept_total"] = float(books.samples_received)
+            rec["episodes/failed_total"] = float(books.episodes_failed)
+            rec["episodes/discarded_total"] = float(books.episodes_discarded + books.episodes_withdrawn)
+            rec["episodes/per_s"] = books.samples_received / max(now - self.generation_started, 1e-9)
+            for peer, worker in self.worker_stats.items():
+                if "env_s" in worker:
+                    rec[f"rollout/env_s_total/{peer}"] = worker["env_s"]
         self.metrics.write(stats.step, rec)
         every = self.cfg.log.progress_every or max(1, self.cfg.trainer.steps // 40)
         if stats.step % every and stats.step not in (1, self.cfg.trainer.steps):

@@ -1,7 +1,10 @@
 """Rollout worker process: a thin shell around `RolloutEngine`.
 
 Each `GenerateRequest` becomes its own asyncio task, so the engine batches whatever is in flight
-and every sample goes back the moment it finishes. Weight-sync calls run in arrival order.
+and every sample goes back the moment it finishes. Each `EpisodeRequest` is likewise its own task
+playing one environment episode (`flashq.episode`): no barrier between episodes, and their turns
+batch together in the engine. A `Cancel` stops an episode (aborting its engine request); it still
+answers with one sample. Weight-sync calls run in arrival order.
 """
 
 from __future__ import annotations
@@ -13,7 +16,17 @@ import time
 from flashq.config import FlashqConfig
 from flashq.metrics import BusyClock
 from flashq.engine.vllm_engine import RolloutEngine
-from flashq.protocol import GenerateRequest, Heartbeat, Sample, Shutdown, WeightSyncCall, WeightSyncReply, WorkerStats
+from flashq.protocol import (
+    Cancel,
+    EpisodeRequest,
+    GenerateRequest,
+    Heartbeat,
+    Sample,
+    Shutdown,
+    WeightSyncCall,
+    WeightSyncReply,
+    WorkerStats,
+)
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
 from flashq.transport import Link
 
@@ -32,15 +45,22 @@ class RolloutWorker:
         self.requests = 0
         self.sync_s = 0.0
         self.sync_lock = asyncio.Lock()
-        self.tasks: set[asyncio.Task] = set()
+        self.episodes: dict[str, asyncio.Task] = {}  # request id -> its episode task
+        self.episode_counts = {"episodes": 0, "episodes_failed": 0, "episodes_cancelled": 0, "env_s": 0.0}
 
     async def run(self) -> None:
         from vllm.platforms import current_platform
 
         device = "cpu" if current_platform.is_cpu() else "cuda"
-        engine = RolloutEngine(self.cfg, resolve_model(self.cfg), self.index, device)
+        model_path = resolve_model(self.cfg)
+        engine = RolloutEngine(self.cfg, model_path, self.index, device)
         await engine.start()
         self.engine = engine
+        self.players = None
+        if self.cfg.env is not None:
+            from flashq.roles.episodes import EpisodePlayer
+
+            self.players = EpisodePlayer(self.cfg, model_path, engine)
         try:
             self.link = connect(self.cfg, self.address, self.role)
             await handshake(self.link, self.cfg, hello(self.role, engine_ranks=engine.engine_ranks))
@@ -54,6 +74,12 @@ class RolloutWorker:
             msg = await self.link.recv()
             if isinstance(msg, GenerateRequest):
                 tg.create_task(self._generate(msg))
+            elif isinstance(msg, EpisodeRequest):
+                self.episodes[msg.request_id] = tg.create_task(self._episode(msg))
+            elif isinstance(msg, Cancel):
+                for rid in msg.request_ids:
+                    if rid in self.episodes:
+                        self.episodes[rid].cancel()
             elif isinstance(msg, WeightSyncCall):
                 tg.create_task(self._weight_sync(msg))
             elif isinstance(msg, Shutdown):
@@ -70,6 +96,27 @@ class RolloutWorker:
             self.clock.end()
         self.tokens += len(sample.token_ids)
         self.requests += 1
+        await self.link.send(sample)
+
+    async def _episode(self, req: EpisodeRequest) -> None:
+        self.clock.begin()
+        try:
+            if self.players is None:
+                sample = Sample(req.request_id, req.group_id, self.index, *Sample.empty_arrays(), "error",
+                                error=f"{self.role} has no env configured")
+            else:
+                sample = await self.players.play(req, self.index)
+        except asyncio.CancelledError:
+            sample = Sample(req.request_id, req.group_id, self.index, *Sample.empty_arrays(), "abort", error="cancelled")
+        finally:
+            self.clock.end()
+            self.episodes.pop(req.request_id, None)
+        counts = self.episode_counts
+        counts["episodes"] += 1
+        counts["episodes_failed"] += sample.finish_reason == "error"
+        counts["episodes_cancelled"] += sample.finish_reason == "abort"
+        counts["env_s"] += sample.env_seconds
+        self.tokens += int(sample.loss_mask.sum()) if len(sample.loss_mask) else len(sample.token_ids)
         await self.link.send(sample)
 
     async def _weight_sync(self, call: WeightSyncCall) -> None:
@@ -100,6 +147,7 @@ class RolloutWorker:
                         "in_flight": float(self.clock.in_flight),
                         "weight_sync_s": self.sync_s,
                         "version": float(self.engine.version),
+                        **{k: float(v) for k, v in self.episode_counts.items()},
                     },
                 )
             )

@@ -92,7 +92,7 @@ class Learner:
         groups = torch.from_numpy(np.array(batch.group_index, dtype=np.int64))
         adv = adv_fns.compute(lc.advantage, rewards, groups, lc.normalize_std)
         n_seq = len(batch.request_ids)
-        resp_lens = np.diff(batch.response_offsets)
+        resp_lens = trained_lengths(batch)
 
         minibatches = self._minibatches(n_seq)
         plan = [self._rank_micro_batches(batch, mb, adv) for mb in minibatches]
@@ -238,7 +238,7 @@ class Learner:
             ids[j, : p_len + r_len] = seqs[j]
             attn[j, : p_len + r_len] = 1
             # row t of the [T-1] logprobs predicts token t+1, so the response starts at p_len - 1
-            mask[j, p_len - 1 : p_len - 1 + r_len] = 1
+            mask[j, p_len - 1 : p_len - 1 + r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
             behav[j, p_len - 1 : p_len - 1 + r_len] = batch.logprobs[ro[i] : ro[i + 1]]
         dev = self.device
         return MicroBatch(
@@ -250,9 +250,21 @@ class Learner:
         )
 
 
+def trained_lengths(batch: TrainBatch) -> np.ndarray:
+    """Per sequence, the response tokens the loss sees (all of them unless a loss mask says not)."""
+    if not len(batch.loss_mask):
+        return np.diff(batch.response_offsets)
+    cum = np.concatenate([[0], np.cumsum(batch.loss_mask, dtype=np.int64)])
+    return cum[batch.response_offsets[1:]] - cum[batch.response_offsets[:-1]]
+
+
 def staleness_stats(batch: TrainBatch, bound: int) -> dict:
-    """Token staleness = trainer version (= batch index) - the version that sampled the token."""
-    staleness = batch.batch_index - np.asarray(batch.versions, dtype=np.int64)
+    """Token staleness = trainer version (= batch index) - the version that sampled the token
+    (trained tokens only: an episode's environment tokens were not sampled)."""
+    versions = np.asarray(batch.versions, dtype=np.int64)
+    if len(batch.loss_mask):
+        versions = versions[batch.loss_mask.astype(bool)]
+    staleness = batch.batch_index - versions
     if not len(staleness):
         return {"staleness/max": 0.0, "staleness/mean": 0.0, "staleness/violations": 0.0, "hist/staleness": [0] * (bound + 1)}
     hist = np.bincount(np.clip(staleness, 0, bound + 1), minlength=bound + 2)

@@ -85,6 +85,7 @@ def test_wire_field_order_is_pinned():
     # array_like structs: field order is the schema. Changing it needs a SCHEMA_VERSION bump.
     assert P.Sample.__struct_fields__ == (
         "request_id", "group_id", "worker", "token_ids", "logprobs", "versions", "finish_reason", "gen_seconds",
+        "prompt_ids", "loss_mask", "env_reward", "turns", "error", "env_seconds",  # appended for episodes, with defaults
     )
     assert P.GenerateRequest.__struct_fields__[:4] == ("request_id", "group_id", "prompt_ids", "max_tokens")
     assert P.SCHEMA_VERSION == 1
@@ -143,3 +144,16 @@ def test_fuzzed_frames_are_rejected_never_crash():
         except RejectedFrame:
             rejected += 1
     assert rejected > 1500 and rejected + decoded == 3000
+
+
+def test_episode_messages_round_trip_and_bad_masks_are_rejected():
+    enc, dec = Encoder(), Decoder()
+    req = P.EpisodeRequest("g3/9", "g3", {"id": "t", "seed": 5}, seed=5, max_tokens=32)
+    assert dec.decode(enc.encode(req)) == req
+    assert dec.decode(enc.encode(P.Cancel(["g3/8", "g3/9"], "group g3 is full"))).request_ids == ["g3/8", "g3/9"]
+    ep = sample(prompt_ids=np.arange(7, dtype=np.int32), loss_mask=np.ones(2000, np.uint8), env_reward=1.0, turns=3)
+    got = dec.decode(enc.encode(ep))
+    assert got.turns == 3 and got.env_reward == 1.0 and got.loss_mask.shape == (2000,) and list(got.prompt_ids) == list(range(7))
+    assert "loss_mask must be uint8" in reject_reason(enc.encode(sample(loss_mask=np.ones(5, np.uint8))))
+    assert "only 0 and 1" in reject_reason(enc.encode(sample(loss_mask=np.full(2000, 2, np.uint8))))
+    assert "env_reward is not finite" in reject_reason(enc.encode(sample(env_reward=float("nan"))))

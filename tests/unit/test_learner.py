@@ -106,3 +106,18 @@ def test_every_loss_trains(tiny_model, policy, correction):
     learner = Learner(cfg, tiny_model)
     m = learner.train_step(make_batch(learner, [1, 0, 0, 1]))
     assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
+
+
+def test_environment_tokens_are_masked_out_of_the_loss(learner):
+    """An episode's env tokens (loss mask 0) get no gradient and do not count as trained."""
+    batch = make_batch(learner, [1, 0, 1, 0])
+    masked = np.ones(len(batch.response_ids), np.uint8)
+    masked[batch.response_offsets[0] : batch.response_offsets[1]] = 0  # sequence 0: all environment
+    batch.loss_mask = masked
+    batch.versions = batch.versions.copy()
+    batch.versions[masked == 0] = -50  # would be a staleness violation if env tokens counted
+    micro = learner._micro(batch, np.arange(4), torch.zeros(4))
+    assert micro.mask[0].sum() == 0 and micro.mask[1].sum() == 4
+    m = learner.train_step(batch)
+    lens = np.diff(batch.response_offsets)
+    assert m["train/tokens"] == float(lens[1:].sum()) and m["staleness/violations"] == 0
