@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass, replace
 
 from flashq.config import load_config
-from flashq.sim import Calibration, Simulation
+from flashq.calibration import Calibration
+from flashq.sim import Simulation
 
 HBM_BYTES_PER_S, GPU_BYTES, USABLE, FLOPS = 3.35e12, 80e9, 0.9, 4e14
 GROUP_SHARE = 0.5
@@ -64,7 +65,7 @@ class Workload:
         return Calibration(
             step_s=step_s, step_s_per_seq=per_seq, verify_s_per_token=fit.verify_share * per_seq,
             prefill_s_per_token=2 * self.active_params / (FLOPS * self.gpus_per_instance),
-            train_s=0.0, train_s_per_token=0.0, weight_sync_s=0.0, reward_s=0.0,
+            train_s=0.0, train_s_per_token=0.0, weight_sync_s=0.0, reward_s=0.0, dispatch_s=0.0,
             spec_accept=accept_rate(self.acceptance_length) if spec else 0.0,
             source=[f"Seer Table 3 ({self.name}) and H800 physics; see bench/paper_sims.py"],
         )

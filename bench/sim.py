@@ -2,8 +2,9 @@
 
 Part 1, real runs: launches real flashq runs (vLLM engines, trainer, weight sync) on this machine
 in configurations that differ in async ratio, rollout workers and scheduler, fits the simulator's
-constants on two of them (alpha 0 and 2: different engine batch sizes), then simulates every run
-from its own resolved config and compares predicted with measured seconds per trainer step.
+constants on four of them (engine batch 128 and 8, engines sharing a core and not; see
+flashq/calibration.py), then simulates every run from its own resolved config and compares
+predicted with measured seconds per trainer step; the other four are held out.
 Part 2, papers: bench/paper_sims.py simulates the workloads the papers publish (Seer Table 3,
 ROLL Flash, RhymeRL) and compares with their headline ratios.
 
@@ -26,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.metrics import read_metrics  # noqa: E402
-from flashq.sim import Calibration, Simulation  # noqa: E402
+from flashq.calibration import Calibration, measured_step_s  # noqa: E402
+from flashq.sim import Simulation  # noqa: E402
 
 ASYNC = ROOT / "bench" / "configs" / "longtail.yaml"  # 2 workers sharing one core, engine batch up to 256
 SCHED = ROOT / "bench" / "configs" / "sched.yaml"  # synchronous, 2 workers with batch 8, heavy tail
@@ -41,7 +43,7 @@ REAL_RUNS = [
     ("sched-context-aware", SCHED, ["rollout.scheduler=context_aware", "trainer.steps=4"]),
     ("sched-context-aware-1worker", SCHED, ["rollout.scheduler=context_aware", "trainer.steps=3", "rollout.num_workers=1"]),
 ]
-CALIBRATE_ON = ["async-alpha0", "async-alpha2"]
+CALIBRATE_ON = ["async-alpha0", "async-alpha2", "sched-fifo", "async-alpha1-1worker"]  # batch 128 and 8; shared and own core
 
 
 def launch(name: str, config: Path, overrides: list[str], run_dir: Path, reuse: bool) -> None:
@@ -56,8 +58,7 @@ def launch(name: str, config: Path, overrides: list[str], run_dir: Path, reuse: 
 
 def measured(run: Path) -> dict:
     last = read_metrics(run / "metrics.jsonl")[-1]
-    return {"step_s": last["time/since_generation_s"] / last["step"],
-            "tokens_per_s": last["rollout/tokens_total"] / last["time/since_generation_s"]}
+    return {"step_s": measured_step_s(run), "tokens_per_s": last["rollout/tokens_total"] / last["time/since_generation_s"]}
 
 
 def main() -> None:
@@ -109,7 +110,7 @@ def main() -> None:
     path = write_result("sim", {"calibration": cal.__dict__, "real_runs": rows, "paper_fit": fit.__dict__,
                                   "paper_figures": papers}, figures,
                         notes="Real runs: relative error of predicted vs measured seconds per trainer step, the "
-                              "simulator fitted on the alpha 0 and alpha 2 runs only. Paper figures: each simulated "
+                              "simulator fitted on the calibration runs only (calibration_run). Paper figures: each simulated "
                               "from the workload its paper publishes, what it leaves out fitted once on Moonlight's "
                               "veRL baseline (paper_fit) or set by the rules in bench/paper_sims.py.")
     print(f"figures: {figures}\nwrote {path}")

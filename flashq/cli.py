@@ -107,7 +107,8 @@ def _sim(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flashq.sim import Calibration, sweep
+    from flashq.calibration import Calibration
+    from flashq.sim import sweep
 
     if args.fit:
         if not args.calibration:

@@ -14,8 +14,11 @@ around it:
   turn off at large batch when a verified token costs about what a request's decode does;
 - the trainer takes train_s + train_s_per_token * tokens per step, then the weight sync pauses
   every engine for weight_sync_s;
-- reward takes reward_s per response.
-`Calibration.fit` reads those constants from the metrics of real flashq runs. Output lengths come
+- a dispatched request reaches its engine dispatch_s later; reward takes reward_s per response;
+- rollout workers placed on fewer CPU cores than there are workers (`placement.rollout`) share
+  them: while k > c engines are busy on c cores, each steps at c/k of its speed, less
+  share_overhead (time-slicing costs more than the slices).
+`Calibration.fit` (flashq/calibration.py) fits those constants to real flashq runs. Output lengths come
 from `sampling.forced_lengths` (the length distribution a user plans for).
 """
 
@@ -23,87 +26,34 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from flashq.calibration import Calibration
 from flashq.config import ConfigError, FlashqConfig
 from flashq.orchestrator import Orchestrator
 from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 
 
-@dataclass
-class Calibration:
-    step_s: float = 1.5e-3  # decode step at batch 1
-    step_s_per_seq: float = 4e-5  # added per running request
-    prefill_s_per_token: float = 2e-5
-    train_s: float = 0.02
-    train_s_per_token: float = 3e-5
-    weight_sync_s: float = 0.1
-    reward_s: float = 0.002
-    spec_accept: float = 0.0  # per-draft-token acceptance probability; 0: no speculation
-    spec_max_draft: int = 8
-    verify_s_per_token: float = 0.0  # added per draft token verified
-    source: list[str] = field(default_factory=list)
+class _SharedCores:
+    def __init__(self, cores: int, overhead: float):
+        self.cores, self.overhead = cores, overhead
+        self.engines: list[_Engine] = []
 
-    def step_time(self, batch: int) -> float:
-        return self.step_s + self.step_s_per_seq * batch
-
-    def decode(self, batch: int) -> tuple[float, float]:
-        """(seconds per step, tokens per request per step) at the best draft length for `batch`."""
-        best = (self.step_time(batch), 1.0)
-        p = self.spec_accept
-        for g in range(1, self.spec_max_draft + 1) if p > 0 else ():
-            step, tokens = self.step_time(batch) + self.verify_s_per_token * batch * g, (1 - p ** (g + 1)) / (1 - p)
-            if step / tokens < best[0] / best[1]:
-                best = (step, tokens)
-        return best
-
-    @classmethod
-    def load(cls, path: Path) -> Calibration:
-        return cls(**json.loads(Path(path).read_text()))
-
-    def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
-
-    @classmethod
-    def fit(cls, run_dirs: list[Path]) -> Calibration:
-        """Engine step-time line from each worker's (mean batch, tokens per busy second) over
-        runs with different batch sizes; trainer line from per-step seconds and tokens."""
-        from flashq.metrics import read_metrics
-
-        points, train_x, train_y, syncs = [], [], [], []
-        for run in run_dirs:
-            steps = read_metrics(Path(run) / "metrics.jsonl")
-            last = steps[-1]
-            for key in (k for k in last if k.startswith("rollout/busy_s_total/")):
-                worker = key.rsplit("/", 1)[1]
-                busy, load = last[key], last[f"rollout/load_s_total/{worker}"]
-                tokens = last.get(f"rollout/tokens_total/{worker}", 0.0)
-                if busy > 0 and tokens > 0:
-                    batch = load / busy
-                    points.append((batch, batch * busy / tokens))  # T(B) = B / (tokens per busy second)
-            train_x += [r["train/tokens"] for r in steps[1:]]
-            train_y += [r["train/seconds"] for r in steps[1:]]
-            syncs += [r["trainer/weight_sync_s"] for r in steps[1:]]
-        if len({round(b, 1) for b, _ in points}) < 2:
-            raise ValueError("calibration needs runs whose engines ran at different mean batch sizes (e.g. alpha 0 and 2)")
-        b, t = np.array(points).T
-        slope, intercept = np.polyfit(b, t, 1)
-        tslope, tintercept = np.polyfit(train_x, train_y, 1) if len(set(train_x)) > 1 else (0.0, float(np.mean(train_y)))
-        return cls(step_s=max(float(intercept), 1e-5), step_s_per_seq=max(float(slope), 0.0),
-                   train_s=max(float(tintercept), 0.0), train_s_per_token=max(float(tslope), 0.0),
-                   weight_sync_s=float(np.median(syncs)), source=[str(r) for r in run_dirs])
+    def slowdown(self) -> float:
+        busy = sum(1 for e in self.engines if e.running)
+        return busy / self.cores * (1 + self.overhead) if busy > self.cores else 1.0
 
 
 class _Engine:
     """Continuous batching in closed form: between events the batch is constant, so progress is
     elapsed time over T(B). Requests beyond the engine's batch wait inside it, in arrival order."""
 
-    def __init__(self, name: str, cal: Calibration, max_batch: int):
-        self.name, self.cal, self.max_batch = name, cal, max_batch
+    def __init__(self, name: str, cal: Calibration, max_batch: int, shared: _SharedCores | None = None):
+        self.name, self.cal, self.max_batch, self.shared = name, cal, max_batch, shared
+        if shared is not None:
+            shared.engines.append(self)
         self.running: dict[str, list] = {}  # request id -> [tokens left, request, length]
         self.waiting: list[tuple[GenerateRequest, int]] = []
         self.t = 0.0
@@ -115,7 +65,7 @@ class _Engine:
     def advance(self, now: float) -> None:
         start = max(self.t, self.paused_until)
         if now > start and self.running:
-            step, tokens = self.cal.decode(len(self.running))
+            step, tokens = self._decode()
             steps = (now - start) / step
             self.steps += steps
             if tokens > 1:
@@ -126,6 +76,10 @@ class _Engine:
         if self.running and now > self.t:
             self.busy_s += now - self.t
         self.t = max(self.t, now)
+
+    def _decode(self) -> tuple[float, float]:
+        step, tokens = self.cal.decode(len(self.running))
+        return (step * self.shared.slowdown() if self.shared else step), tokens
 
     def add(self, now: float, req: GenerateRequest, length: int) -> None:
         self.advance(now)
@@ -144,7 +98,7 @@ class _Engine:
         if not self.running:
             return float("inf")
         left = max(0.0, min(item[0] for item in self.running.values()))
-        step, tokens = self.cal.decode(len(self.running))
+        step, tokens = self._decode()
         return max(self.t, self.paused_until) + left / tokens * step
 
     def pop_finished(self, now: float) -> list[tuple[GenerateRequest, int]]:
@@ -158,7 +112,10 @@ class _Engine:
 
 
 class Simulation:
-    def __init__(self, cfg: FlashqConfig, cal: Calibration, prompt_tokens: int = 32, distinct_prompts: int | None = None):
+    def __init__(self, cfg: FlashqConfig, cal: Calibration, prompt_tokens: int = 32, distinct_prompts: int | None = None,
+                 rollout_cores: int | None = None):
+        """`rollout_cores`: CPU cores the rollout engines share (default: `placement.rollout`,
+        when it lists fewer cores than there are workers); None: each engine has its own device."""
         if cfg.sampling.forced_lengths is None:
             raise ConfigError("the simulator needs sampling.forced_lengths: the output-length distribution to plan for")
         self.cfg, self.cal = cfg, cal
@@ -172,7 +129,10 @@ class Simulation:
         self.now = 0.0
         self.orch = Orchestrator(cfg, Prompts(), lambda t: np.full(prompt_tokens, int(t["id"]) % 30000 + 1, np.int32) + np.arange(prompt_tokens, dtype=np.int32),
                                  workers, ["reward-0"], clock=lambda: self.now)
-        self.engines = {w: _Engine(w, cal, min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker)) for w in workers}
+        cores = rollout_cores or len(cfg.placement.rollout)
+        shared = _SharedCores(cores, cal.share_overhead) if cores and cores < len(workers) else None
+        batch = min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker)
+        self.engines = {w: _Engine(w, cal, batch, shared) for w in workers}
         self.events: list = []
         self.seq = itertools.count()
         self.sent: dict[str, float] = {}  # request id -> first dispatch
@@ -184,6 +144,13 @@ class Simulation:
         s = self.cfg.sampling
         gid, k = req.request_id.rsplit("/", 1)
         return min(req.max_tokens, forced_length(s.forced_lengths, int(gid[1:]) * s.group_size + int(k), s.group_size) - req.generated)
+
+    def _sync_shared(self, name: str, now: float) -> None:
+        """Bring every engine sharing cores with `name` up to `now` before its batch changes
+        (their speed changes with it)."""
+        shared = self.engines[name].shared
+        for e in shared.engines if shared else ():
+            e.advance(now)
 
     def _push(self, t: float, kind: str, payload=None) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, payload))
@@ -198,7 +165,7 @@ class Simulation:
             for peer, msg in outbox:
                 if isinstance(msg, GenerateRequest):
                     self.sent.setdefault(msg.request_id, now)
-                    self.engines[peer].add(now, msg, self._length(msg))
+                    self._push(now + self.cal.dispatch_s, "arrive", (peer, msg))
                 elif isinstance(msg, ScoreRequest):
                     self.finished[msg.sample.request_id] = now
                     self._push(now + self.cal.reward_s, "reward", msg.sample.request_id)
@@ -215,6 +182,7 @@ class Simulation:
             if t_engine[0] <= t_event:
                 now = self.now = t_engine[0]
                 engine = self.engines[t_engine[1]]
+                self._sync_shared(engine.name, now)
                 for req, n in engine.pop_finished(now):
                     reason = "length" if n == req.max_tokens else "stop"
                     orch.on_sample(engine.name, Sample(req.request_id, req.group_id, 0, np.zeros(n, np.int32),
@@ -222,7 +190,11 @@ class Simulation:
                 continue
             now, _, kind, payload = heapq.heappop(self.events)
             self.now = now
-            if kind == "reward":
+            if kind == "arrive":
+                peer, msg = payload
+                self._sync_shared(peer, now)
+                self.engines[peer].add(now, msg, self._length(msg))
+            elif kind == "reward":
                 orch.on_reward("reward-0", RewardResult(payload, 0.0))
             elif kind == "trained":
                 version = payload + 1

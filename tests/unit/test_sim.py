@@ -5,7 +5,8 @@ import json
 import pytest
 
 from flashq.config import ConfigError, load_config
-from flashq.sim import Calibration, Simulation, sweep
+from flashq.calibration import Calibration
+from flashq.sim import Simulation, sweep
 
 LONGTAIL = ["sampling.forced_lengths={median: 32, sigma: 1.3, min: 4, max: 1024}", "sampling.max_tokens=1024",
             "rollout.max_model_len=1152", "rollout.num_workers=2", "trainer.batch_groups=8", "trainer.steps=12"]
@@ -39,23 +40,35 @@ def test_sweep_covers_the_grid_and_names_bad_axes(tmp_path):
         Simulation(load_config(None), Calibration())
 
 
-def test_calibration_recovers_the_step_time_line(tmp_path):
-    """Two runs whose engines ran at mean batch 4 and 32 under T(B) = 2ms + 0.1ms * B."""
+def test_calibration_fits_runs_by_simulating_them(tmp_path):
+    """Runs made by the simulator itself under known constants (alpha 0 and 2: different batch
+    dynamics); fitting from the defaults must predict their step times again."""
+    from flashq.config import dump_config
+
+    truth = Calibration(step_s=4e-3, step_s_per_seq=2e-4, train_s=0.05, train_s_per_token=1e-5, weight_sync_s=0.2)
     runs = []
-    for name, batch in (("a", 4.0), ("b", 32.0)):
-        busy = 10.0
-        tokens = batch * busy / (2e-3 + 1e-4 * batch)
-        steps = [{"kind": "step", "step": i, "train/tokens": 100.0 * i, "train/seconds": 0.01 + 1e-4 * 100 * i,
-                  "trainer/weight_sync_s": 0.2, "rollout/busy_s_total/rollout-0": busy,
-                  "rollout/load_s_total/rollout-0": batch * busy, "rollout/tokens_total/rollout-0": tokens} for i in (1, 2, 3)]
+    for name, alpha in (("a", 0), ("b", 2)):
+        cfg = load_config(None, [*LONGTAIL, f"async_ratio={alpha}", "trainer.steps=6"])
+        result = Simulation(cfg, truth).run()
+        steps = [{"kind": "step", "step": i, "train/tokens": 500.0 * i, "train/seconds": 0.05 + 1e-5 * 500 * i,
+                  "trainer/weight_sync_s": 0.2, "time/since_generation_s": result["seconds"] * i / 6} for i in range(1, 7)]
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
-        runs.append(tmp_path / name)
-    cal = Calibration.fit(runs)
-    assert cal.step_s == pytest.approx(2e-3, rel=1e-6) and cal.step_s_per_seq == pytest.approx(1e-4, rel=1e-6)
-    assert cal.train_s_per_token == pytest.approx(1e-4, rel=1e-6) and cal.weight_sync_s == pytest.approx(0.2)
+        dump_config(cfg, tmp_path / name / "config.yaml")
+        runs.append((tmp_path / name, result["seconds"] / 6))
+    cal = Calibration.fit([r for r, _ in runs])
+    assert cal.train_s_per_token == pytest.approx(1e-5, rel=1e-6) and cal.weight_sync_s == pytest.approx(0.2)
+    for run, seconds in runs:
+        predicted = Simulation(load_config(run / "config.yaml"), cal).run()
+        assert predicted["seconds"] / predicted["steps"] == pytest.approx(seconds, rel=0.05)
     cal.save(tmp_path / "cal.json")
     assert Calibration.load(tmp_path / "cal.json") == cal
+
+
+def test_engines_sharing_a_core_take_turns():
+    one_core = simulate("async_ratio=0", "placement.rollout=[0]").run()
+    own_devices = simulate("async_ratio=0").run()
+    assert one_core["seconds"] > 1.3 * own_devices["seconds"]  # two engines, one core
 
 
 def test_speculation_turns_on_in_the_tail_and_off_at_large_batch():
