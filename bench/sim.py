@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.metrics import read_metrics  # noqa: E402
-from flashq.calibration import Calibration, measured_step_s  # noqa: E402
+from flashq.calibration import Calibration, measured_step_s, simulated_step_s  # noqa: E402
 from flashq.sim import Simulation  # noqa: E402
 
 ASYNC = ROOT / "bench" / "configs" / "longtail.yaml"  # 2 workers sharing one core, engine batch up to 256
@@ -77,7 +77,7 @@ def main() -> None:
         for name, _, _ in REAL_RUNS:
             cfg = load_config(root / name / "config.yaml")
             real, sim = measured(root / name), Simulation(cfg, cal).run()
-            pred = sim["seconds"] / sim["steps"]
+            pred = simulated_step_s(sim)
             rows.append({"run": name, "calibration_run": name in CALIBRATE_ON, "async_ratio": cfg.async_ratio,
                          "workers": cfg.rollout.num_workers, "scheduler": cfg.rollout.scheduler,
                          "engine_batch": min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker),
@@ -109,7 +109,8 @@ def main() -> None:
     }
     path = write_result("sim", {"calibration": cal.__dict__, "real_runs": rows, "paper_fit": fit.__dict__,
                                   "paper_figures": papers}, figures,
-                        notes="Real runs: relative error of predicted vs measured seconds per trainer step, the "
+                        notes="Real runs: relative error of predicted vs measured seconds per trainer step in steady "
+                              "state (first step to last), the "
                               "simulator fitted on the calibration runs only (calibration_run). Paper figures: each simulated "
                               "from the workload its paper publishes, what it leaves out fitted once on Moonlight's "
                               "veRL baseline (paper_fit) or set by the rules in bench/paper_sims.py.")

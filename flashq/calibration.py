@@ -3,8 +3,8 @@
 The trainer's line (seconds per step against tokens) and the weight-sync pause come straight
 from each step's metrics. The engine's step-time curve T(B) = step_s + step_s_per_seq * B cannot:
 what a run records is the combined effect of batching, the long tail, engines sharing cores and
-the overhead per request around the engine, and what engines time-slicing one core lose. So
-those four constants (step_s, step_s_per_seq, dispatch_s, share_overhead) are fitted by simulation: each calibration run is simulated
+the overhead per request around the engine, and how many cores an engine keeps busy. So those
+four constants (step_s, step_s_per_seq, dispatch_s, engine_cores) are fitted by simulation: each calibration run is simulated
 from its own config and the constants are searched (in log space) to minimise the squared log
 error of the predicted seconds per trainer step. Runs at different engine batch sizes (alpha 0
 and 2; a small engine batch) and with and without shared cores pin them down.
@@ -30,7 +30,7 @@ class Calibration:
     weight_sync_s: float = 0.1
     reward_s: float = 0.002
     dispatch_s: float = 1e-3  # from a freed slot to the next request's admission: per-request overhead
-    share_overhead: float = 0.1  # engines time-slicing one core lose this share more than their turn
+    engine_cores: float = 1.0  # CPU cores one engine keeps busy at full speed (its engine and worker processes)
     spec_accept: float = 0.0  # per-draft-token acceptance probability; 0: no speculation
     spec_max_draft: int = 8
     verify_s_per_token: float = 0.0  # added per draft token verified
@@ -75,11 +75,19 @@ class Calibration:
 
 
 def measured_step_s(run: Path) -> float:
-    """Seconds per trainer step of a real run, from generation start to its last step."""
+    """Seconds per trainer step of a real run in steady state: from its first step to its last
+    (the first step also holds the engines' warm-up, which the simulator does not model)."""
     from flashq.metrics import read_metrics
 
-    last = read_metrics(Path(run) / "metrics.jsonl")[-1]
-    return last["time/since_generation_s"] / last["step"]
+    steps = read_metrics(Path(run) / "metrics.jsonl")
+    if len(steps) < 2:
+        raise ValueError(f"{run}: a steady-state step time needs at least two trainer steps")
+    return (steps[-1]["time/since_generation_s"] - steps[0]["time/since_generation_s"]) / (steps[-1]["step"] - steps[0]["step"])
+
+
+def simulated_step_s(result: dict) -> float:
+    """The same measure on a simulation's result."""
+    return float(np.mean(result["step_s_per_step"][1:]))
 
 
 def fit_engine(cal: Calibration, run_dirs: list[Path], rounds: int = 4) -> Calibration:
@@ -92,8 +100,7 @@ def fit_engine(cal: Calibration, run_dirs: list[Path], rounds: int = 4) -> Calib
     def loss(c: Calibration) -> float:
         total = 0.0
         for cfg, real in runs:
-            sim = Simulation(cfg, c).run()
-            total += math.log(sim["seconds"] / sim["steps"] / real) ** 2
+            total += math.log(simulated_step_s(Simulation(cfg, c).run()) / real) ** 2
         return total
 
     best, best_loss = cal, loss(cal)
@@ -102,7 +109,7 @@ def fit_engine(cal: Calibration, run_dirs: list[Path], rounds: int = 4) -> Calib
         improved = True
         while improved:
             improved = False
-            for name in ("step_s", "step_s_per_seq", "dispatch_s", "share_overhead"):
+            for name in ("step_s", "step_s_per_seq", "dispatch_s", "engine_cores"):
                 for direction in (1, -1):
                     trial = replace(best, **{name: getattr(best, name) * math.exp(direction * stride)})
                     trial_loss = loss(trial)

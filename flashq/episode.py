@@ -129,6 +129,8 @@ async def run_episode(env: AsyncEnv, renderer: ChatRenderer, generate: Generate,
     try:
         messages = list(await env_call(env.reset(task, seed)))
         prompt = np.asarray(renderer.prompt(messages), np.int32)
+        if len(prompt) >= limits.max_model_len:
+            raise EnvError(f"the opening messages render to {len(prompt)} tokens; rollout.max_model_len is {limits.max_model_len}")
         while turns < limits.max_turns:
             used = len(prompt) + sum(len(x) for x in ids)
             budget = min(limits.max_tokens_per_turn, limits.max_model_len - used)

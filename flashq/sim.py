@@ -15,9 +15,8 @@ around it:
 - the trainer takes train_s + train_s_per_token * tokens per step, then the weight sync pauses
   every engine for weight_sync_s;
 - a dispatched request reaches its engine dispatch_s later; reward takes reward_s per response;
-- rollout workers placed on fewer CPU cores than there are workers (`placement.rollout`) share
-  them: while k > c engines are busy on c cores, each steps at c/k of its speed, less
-  share_overhead (time-slicing costs more than the slices).
+- rollout workers pinned to CPU cores (`placement.rollout`) share them: while k engines are busy
+  on c cores, each steps at c / (k * engine_cores) of its speed when that is below 1.
 `Calibration.fit` (flashq/calibration.py) fits those constants to real flashq runs. Output lengths come
 from `sampling.forced_lengths` (the length distribution a user plans for).
 """
@@ -37,13 +36,12 @@ from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest,
 
 
 class _SharedCores:
-    def __init__(self, cores: int, overhead: float):
-        self.cores, self.overhead = cores, overhead
+    def __init__(self, cores: int, per_engine: float):
+        self.cores, self.per_engine = cores, per_engine
         self.engines: list[_Engine] = []
 
     def slowdown(self) -> float:
-        busy = sum(1 for e in self.engines if e.running)
-        return busy / self.cores * (1 + self.overhead) if busy > self.cores else 1.0
+        return max(1.0, sum(1 for e in self.engines if e.running) * self.per_engine / self.cores)
 
 
 class _Engine:
@@ -114,8 +112,8 @@ class _Engine:
 class Simulation:
     def __init__(self, cfg: FlashqConfig, cal: Calibration, prompt_tokens: int = 32, distinct_prompts: int | None = None,
                  rollout_cores: int | None = None):
-        """`rollout_cores`: CPU cores the rollout engines share (default: `placement.rollout`,
-        when it lists fewer cores than there are workers); None: each engine has its own device."""
+        """`rollout_cores`: CPU cores the rollout engines share (default: as many as
+        `placement.rollout` lists); none listed: each engine has its own device."""
         if cfg.sampling.forced_lengths is None:
             raise ConfigError("the simulator needs sampling.forced_lengths: the output-length distribution to plan for")
         self.cfg, self.cal = cfg, cal
@@ -130,7 +128,7 @@ class Simulation:
         self.orch = Orchestrator(cfg, Prompts(), lambda t: np.full(prompt_tokens, int(t["id"]) % 30000 + 1, np.int32) + np.arange(prompt_tokens, dtype=np.int32),
                                  workers, ["reward-0"], clock=lambda: self.now)
         cores = rollout_cores or len(cfg.placement.rollout)
-        shared = _SharedCores(cores, cal.share_overhead) if cores and cores < len(workers) else None
+        shared = _SharedCores(cores, cal.engine_cores) if cores else None
         batch = min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker)
         self.engines = {w: _Engine(w, cal, batch, shared) for w in workers}
         self.events: list = []

@@ -115,6 +115,15 @@ def test_a_failing_environment_ends_its_episode_with_a_reason(env, message):
     assert result.finish_reason == "error" and message in result.error
 
 
+def test_an_opening_longer_than_the_model_fails_the_episode():
+    class Verbose(Exploding):
+        def reset(self, task, seed):
+            return [{"role": "user", "content": "x" * 600}]
+
+    result, prompts = play(Verbose(), ["1"], limits=EpisodeLimits(max_model_len=512))
+    assert result.finish_reason == "error" and "rollout.max_model_len is 512" in result.error and prompts == []
+
+
 def test_a_blocking_environment_does_not_block_the_other_episodes():
     inside, most = [0], [0]
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from flashq.config import ConfigError, load_config
-from flashq.calibration import Calibration
+from flashq.calibration import Calibration, simulated_step_s
 from flashq.sim import Simulation, sweep
 
 LONGTAIL = ["sampling.forced_lengths={median: 32, sigma: 1.3, min: 4, max: 1024}", "sampling.max_tokens=1024",
@@ -51,16 +51,16 @@ def test_calibration_fits_runs_by_simulating_them(tmp_path):
         cfg = load_config(None, [*LONGTAIL, f"async_ratio={alpha}", "trainer.steps=6"])
         result = Simulation(cfg, truth).run()
         steps = [{"kind": "step", "step": i, "train/tokens": 500.0 * i, "train/seconds": 0.05 + 1e-5 * 500 * i,
-                  "trainer/weight_sync_s": 0.2, "time/since_generation_s": result["seconds"] * i / 6} for i in range(1, 7)]
+                  "trainer/weight_sync_s": 0.2, "time/since_generation_s": sum(result["step_s_per_step"][:i])} for i in range(1, 7)]
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
         dump_config(cfg, tmp_path / name / "config.yaml")
-        runs.append((tmp_path / name, result["seconds"] / 6))
+        runs.append((tmp_path / name, (result["seconds"] - result["step_s_per_step"][0]) / 5))
     cal = Calibration.fit([r for r, _ in runs])
     assert cal.train_s_per_token == pytest.approx(1e-5, rel=1e-6) and cal.weight_sync_s == pytest.approx(0.2)
     for run, seconds in runs:
         predicted = Simulation(load_config(run / "config.yaml"), cal).run()
-        assert predicted["seconds"] / predicted["steps"] == pytest.approx(seconds, rel=0.05)
+        assert simulated_step_s(predicted) == pytest.approx(seconds, rel=0.05)
     cal.save(tmp_path / "cal.json")
     assert Calibration.load(tmp_path / "cal.json") == cal
 
