@@ -1,18 +1,19 @@
 """Agentic RL on a multi-turn environment: throughput with slow tools, and learning.
 
 Part 1, throughput (same sample budget, same SFT-warmed model, one run after the other): the
-guessing game behind `WithLatency`, every step waiting a lognormal tool time (median 0.3 s,
-log-spread 1.2: most steps are quick, a few take seconds). Synchronous (alpha 0, no redundancy:
-every step waits for its slowest episode) against alpha 2 with environment-level async and two
-redundant episodes per group (the first 8 of 10 to finish are kept). Figure: kept episodes per
-second of generation, alpha 2 over sync.
+calculator-tool environment of configs/agentic_calculator.yaml with every tool call waiting a
+lognormal time (median 0.3 s, log-spread 1.2: most calls are quick, a few take seconds).
+Synchronous (alpha 0, no redundancy: every step waits for its slowest episode) against alpha 2
+with environment-level async and two redundant episodes per group (the first 8 of 10 to finish
+are kept). Figure: kept episodes per second of generation, alpha 2 over sync.
 
-Part 2, learning: configs/agentic_guess.yaml as a user runs it (SFT on random-guess
-demonstrations, then async GRPO). Figure: mean reward of the last 10% of steps minus the first
-batch's (sampled by the SFT model).
+Part 2, learning: configs/agentic_calculator.yaml as a user runs it (SFT on the environment's
+demonstrations, half of which use the tool, then async GRPO). Figure: mean reward of the last
+10% of steps minus the first batch's (sampled by the SFT model).
 
     python bench/agentic.py              # writes bench/results/agentic.json (about 20 minutes)
     python bench/agentic.py --steps 8    # a quicker look at part 1
+    python bench/agentic.py --keep DIR --reuse   # report runs already under DIR
 """
 
 from __future__ import annotations
@@ -31,16 +32,17 @@ sys.path.insert(0, str(ROOT))
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.metrics import read_metrics  # noqa: E402
 
-CONFIG = ROOT / "configs" / "agentic_guess.yaml"
-SLOW_GAME = ("env={name: flashq.envs.latency:WithLatency, max_turns: 4, step_timeout_s: 120, "
-             "kwargs: {env: flashq.envs.guess:GuessNumberEnv, kwargs: {high: 8, max_turns: 4}, latency_s: 0.3, sigma: 1.2}}")
+CONFIG = ROOT / "configs" / "agentic_calculator.yaml"
+SLOW_TOOLS = ["env.kwargs={max_value: 9, max_turns: 3, latency_s: 0.3, latency_sigma: 1.2}", "env.step_timeout_s=120"]
 SYSTEMS = [
     ("sync", ["async_ratio=0", "env.redundancy=0"]),
     ("alpha2+redundant", ["async_ratio=2", "env.redundancy=2"]),
 ]
 
 
-def launch(run_dir: Path, overrides: list[str]) -> dict:
+def launch(run_dir: Path, overrides: list[str], reuse: bool = False) -> dict:
+    if reuse and (run_dir / "ledger.json").exists():
+        return json.loads((run_dir / "ledger.json").read_text())
     cmd = [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", *overrides]
     print("running:", " ".join(overrides), flush=True)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -67,8 +69,9 @@ def throughput(run_dir: Path, ledger: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=16, help="trainer steps of each throughput run")
-    ap.add_argument("--learn-steps", type=int, default=200, help="trainer steps of the learning run (0: skip it)")
+    ap.add_argument("--learn-steps", type=int, default=100, help="trainer steps of the learning run (0: skip it)")
     ap.add_argument("--keep", type=Path, help="keep the runs here")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: report runs already there instead of launching them")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="flashq-agentic-") as tmp:
@@ -77,12 +80,12 @@ def main() -> None:
         rows = []
         for name, overrides in SYSTEMS:
             run = root / name
-            ledger = launch(run, [SLOW_GAME, f"trainer.steps={args.steps}", "trainer.batch_groups=8", *sft, *overrides])
+            ledger = launch(run, [*SLOW_TOOLS, f"trainer.steps={args.steps}", "trainer.batch_groups=8", *sft, *overrides], args.reuse)
             rows.append({"system": name, **throughput(run, ledger)})
         learn = None
         if args.learn_steps:
             run = root / "learn"
-            launch(run, [f"trainer.steps={args.learn_steps}", *sft])
+            launch(run, [f"trainer.steps={args.learn_steps}", *sft], args.reuse)
             summary = json.loads((run / "summary.json").read_text())
             learn = {k: summary[k] for k in ("steps", "reward_start", "reward_start_source", "reward_final", "reward_gain", "wall_minutes")}
 
@@ -90,7 +93,7 @@ def main() -> None:
     for r in rows:
         r["vs_sync"] = r["episodes_per_s"] / base
     print_table(
-        "agentic throughput: guess-the-number with heavy-tailed tool latency (same sample budget)",
+        "agentic throughput: calculator tool with heavy-tailed latency (same sample budget)",
         rows,
         [("system", "system", ""), ("episodes_trained", "episodes", "d"), ("seconds", "seconds", ".1f"),
          ("episodes_per_s", "episodes/s", ".2f"), ("vs_sync", "vs sync", ".2f"), ("rollout_idle_share", "engine idle", ".0%"),
@@ -98,7 +101,7 @@ def main() -> None:
     )
     figures = {"episodes_per_s_alpha2_vs_sync": rows[1]["vs_sync"]}
     if learn:
-        print_table("agentic learning: configs/agentic_guess.yaml", [learn],
+        print_table("agentic learning: configs/agentic_calculator.yaml", [learn],
                     [("steps", "steps", "d"), ("reward_start", "first batch", ".3f"), ("reward_final", "final", ".3f"),
                      ("reward_gain", "gain", "+.3f"), ("wall_minutes", "minutes", ".1f")])
         figures["reward_gain"] = learn["reward_gain"]

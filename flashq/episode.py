@@ -79,21 +79,30 @@ class ChatRenderer:
     def assistant_content(self, token_ids: np.ndarray) -> str:
         return self.tok.decode(token_ids.tolist(), skip_special_tokens=True)
 
+    def closing(self) -> str:
+        """What the template writes after an assistant message's content (e.g. "<|im_end|>\n")."""
+        if not hasattr(self, "_closing"):
+            probe = [{"role": "user", "content": "u"}]
+            opened = self._render(probe, True)
+            closed = self._render(probe + [{"role": "assistant", "content": "\x00"}], False)
+            if not closed.startswith(opened + "\x00"):
+                raise EnvError("the chat template does not write an assistant message's content verbatim; cannot splice turns")
+            self._closing = closed[len(opened) + 1 :]
+        return self._closing
+
     def continuation(self, history: list[dict], sampled: np.ndarray, new: list[dict]) -> list[int]:
-        """Tokens that follow a turn's sampled ids: whatever closes the assistant turn in the
-        template (e.g. a newline after the end-of-turn token, or the end-of-turn token itself
-        when the turn was cut off), then the new messages and the next generation prompt.
-        `history` ends with the assistant message of this turn; `new` is not empty."""
-        opened = self._render(history[:-1], True)
+        """Tokens that follow a turn's sampled ids: what is left of the template's closing of an
+        assistant turn (a newline after a sampled end-of-turn token, or the whole closing when
+        the turn was cut off), then the new messages and the next generation prompt. `history`
+        ends with the assistant message of this turn; `new` is not empty."""
+        closing = self.closing()
+        sampled_text = self.tok.decode(sampled[-8:].tolist(), skip_special_tokens=False)
+        done = next((k for k in range(min(len(closing), len(sampled_text)), 0, -1) if sampled_text.endswith(closing[:k])), 0)
         closed = self._render(history, False)
-        sampled_text = self.tok.decode(sampled.tolist(), skip_special_tokens=False)
-        if not closed.startswith(opened) or not closed[len(opened):].startswith(sampled_text):
-            raise EnvError("the chat template does not reproduce the sampled turn verbatim; cannot splice without re-tokenising")
-        glue = closed[len(opened) + len(sampled_text):]
         extended = self._render(history + new, True)
         if not extended.startswith(closed):
             raise EnvError("the chat template rewrites earlier turns when messages are added; cannot splice")
-        return self.encode(glue + extended[len(closed):])
+        return self.encode(closing[done:] + extended[len(closed):])
 
 
 async def run_episode(env: AsyncEnv, renderer: ChatRenderer, generate: Generate, task: dict, seed: int,

@@ -86,3 +86,16 @@ class CalculatorMathEnv:
         if self.turns >= self.max_turns:
             return StepResult([], truncated=True, info={"turns": self.turns})
         return StepResult([{"role": "tool", "content": reply, "tool_call_id": f"call-{self.turns}"}])
+
+    def demonstration(self, task: dict, seed: int) -> list[dict]:
+        """A warm-start conversation: half the time the calculator is called and its result
+        copied, half the time the model answers at once with a plausible wrong number, so that
+        RL has a choice to learn (use the tool)."""
+        question = self.reset(task, seed)
+        rng = random.Random(f"demo:{seed}")
+        if rng.random() < 0.5:
+            call = json.dumps({"name": "calculator", "arguments": {"expression": question[0]["content"].removesuffix("=?")}})
+            return [*question, {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+                    {"role": "tool", "content": str(self.answer), "tool_call_id": "call-1"},
+                    {"role": "assistant", "content": str(self.answer)}]
+        return [*question, {"role": "assistant", "content": str(self.answer + rng.choice([-10, -1, 1, 10]))}]

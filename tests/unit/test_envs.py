@@ -1,6 +1,7 @@
 """The built-in environments, the adapters to existing libraries, and loading a user's class."""
 
 import asyncio
+import math
 
 import pytest
 
@@ -104,3 +105,26 @@ def test_async_view_checks_what_an_environment_returns():
     with pytest.raises(EnvError, match="not a number"):
         asyncio.run(env.step(say("x")))
     assert env.tools() == []
+
+
+def test_latency_wrapper_delays_steps_and_keeps_the_rest(monkeypatch):
+    from flashq.envs import latency
+
+    slept = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds):
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(latency.asyncio, "sleep", sleep)
+    env = latency.WithLatency("flashq.envs.guess:GuessNumberEnv", {"high": 4}, latency_s=0.05, sigma=0.5)
+
+    async def play():
+        opening = await env.reset({}, seed=2)
+        return opening, await env.step(say(str(env.inner.secret)))
+
+    opening, result = asyncio.run(play())
+    assert opening[0]["content"] == "guess 1-4" and result.reward == 1.0
+    assert len(slept) == 1 and 0.05 * math.exp(-5 * 0.5) < slept[0] < 0.05 * math.exp(5 * 0.5)  # one lognormal wait
+    assert env.demonstration({}, seed=2)[0]["content"] == "guess 1-4"

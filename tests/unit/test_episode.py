@@ -143,3 +143,13 @@ def test_a_blocking_environment_does_not_block_the_other_episodes():
     results = asyncio.run(many())
     assert all(r.reward == 1.0 for r in results)
     assert most[0] == 4  # all four blocking steps were in progress at once, each in its own thread
+
+
+def test_special_tokens_sampled_mid_turn_do_not_break_the_splice():
+    secret = __import__("random").Random(3).randint(1, 8)
+    wrong = str(secret % 8 + 1)
+    result, prompts = play(GuessNumberEnv(high=8, max_turns=4), [wrong + "<|im_start|>", str(secret)])
+    assert result.finish_reason == "stop" and result.reward == 1.0 and result.turns == 2
+    full = np.concatenate([result.prompt_ids, result.token_ids]).tolist()
+    assert full[: len(prompts[1])] == prompts[1]  # the second turn saw the first turn's ids as sampled
+    assert TOK.convert_tokens_to_ids("<|im_start|>") in result.token_ids[result.loss_mask == 1].tolist()
