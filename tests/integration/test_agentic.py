@@ -70,3 +70,5 @@ def test_a_user_environment_plugs_in_by_config_and_trains_every_kept_episode_onc
     # episodes were multi-turn: each trained sequence holds three assistant turns and the env's replies
     assert all(r["response/mean_tokens"] >= 3 for r in steps)
     assert steps[-1]["episodes/failed_total"] == ledger["episodes_failed"] and steps[-1]["episodes/per_s"] > 0
+    # episodes ran across weight updates: every trained token within the staleness bound (alpha 1)
+    assert all(version - vmin <= 1 and vmax <= version for version, _, vmin, vmax in trained)

@@ -91,6 +91,16 @@ def test_loading_names_what_is_wrong():
         load_env_class("not-registered")
 
 
+def test_an_entry_point_in_the_flashq_envs_group_names_an_environment(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from flashq.envs import base
+
+    ep = EntryPoint(name="coin-flip", value=f"{__name__}:CoinFlip", group="flashq.envs")
+    monkeypatch.setattr(base, "entry_points", lambda group: [ep] if group == "flashq.envs" else [])
+    assert load_env_class("coin-flip") is CoinFlip
+
+
 def test_async_view_checks_what_an_environment_returns():
     class Bad:
         def reset(self, task, seed):
