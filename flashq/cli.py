@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--calibration", type=Path, help="constants fitted by --fit (default: built-in ones for a 2-core CPU)")
     sim.add_argument("--fit", type=Path, nargs="+", metavar="RUN_DIR", help="fit the constants from real runs into --calibration")
 
+    keys = sub.add_parser("keys", help="make CurveZMQ keys for transport.curve_keys (copy the directory to every host)")
+    keys.add_argument("directory", type=Path)
+
     role = sub.add_parser("role", help="start one role of a run")
     role.add_argument("name", help="coordinator | trainer | rollout-N | reward-N")
     role.add_argument("--config", type=Path, required=True)
@@ -68,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
             return _sft(args)
         if args.command == "sim":
             return _sim(args)
+        if args.command == "keys":
+            from flashq.transport import make_keys
+
+            if args.directory.exists() and any(args.directory.iterdir()):
+                raise ConfigError(f"{args.directory} is not empty; keys are made into a new directory")
+            print(f"CurveZMQ keys in {make_keys(args.directory)}; set transport.curve_keys to it on every host")
+            return 0
         if args.command == "report":
             from flashq.report import write_report
 

@@ -212,6 +212,9 @@ class TransportConfig(Section):
     heartbeat_s: float = Field(2.0, gt=0)
     liveness_timeout_s: float = Field(120.0, gt=0)
     startup_timeout_s: float = Field(900.0, gt=0)
+    curve_keys: Path | None = Field(
+        None, description="Directory from `flashq keys DIR`: encrypt role traffic and admit only peers holding its client key."
+    )
 
 
 class SFTConfig(Section):

@@ -9,6 +9,11 @@ than a cap of requests in flight per worker, the trainer asks for each batch. Be
 high-water marks bound what sits in ZeroMQ's queues; the ROUTER is `ROUTER_MANDATORY`, so at
 the mark a send waits (or fails for a peer that is gone) instead of silently dropping, which is
 ROUTER's default.
+
+Security: sockets bind to loopback unless configured otherwise. Between hosts, `curve_keys` (a
+directory made by `flashq keys`) turns on CurveZMQ: traffic is encrypted, and the hub admits only
+peers holding a client key from that directory (a ZAP authenticator checks each handshake); a
+peer without one never gets a frame through.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
+import zmq.auth
 
 from flashq.codec import Decoder, Encoder, RejectedFrame
 from flashq.protocol import Message
@@ -36,6 +43,25 @@ def _configure(sock: zmq.asyncio.Socket, hwm: int, max_message_bytes: int) -> No
     sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+
+
+def make_keys(directory: Path) -> Path:
+    """A server keypair and one client keypair for a run's roles (`flashq keys DIR`)."""
+    directory = Path(directory)
+    (directory / "clients").mkdir(parents=True, exist_ok=True)
+    zmq.auth.create_certificates(directory, "server")
+    zmq.auth.create_certificates(directory, "client")
+    (directory / "client.key").rename(directory / "clients" / "client.key")
+    for secret in directory.glob("*.key_secret"):
+        secret.chmod(0o600)
+    return directory
+
+
+def _load(directory: Path, name: str) -> tuple[bytes, bytes | None]:
+    path = Path(directory) / name
+    if not path.exists():
+        raise FileNotFoundError(f"CurveZMQ key {path} is missing (make the directory with `flashq keys DIR`)")
+    return zmq.auth.load_certificate(path)
 
 
 class _Codec:
@@ -66,11 +92,21 @@ def _peer_name(raw: bytes) -> str:
 class Hub:
     """The coordinator's ROUTER: receives from and sends to named peers."""
 
-    def __init__(self, address: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30):
+    def __init__(self, address: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30, curve_keys: Path | None = None):
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         _configure(self.sock, hwm, max_message_bytes)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.auth = None
+        if curve_keys is not None:
+            from zmq.auth.asyncio import AsyncioAuthenticator
+
+            public, secret = _load(curve_keys, "server.key_secret")
+            self.auth = AsyncioAuthenticator(self.ctx)
+            self.auth.start()
+            self.auth.configure_curve(domain="*", location=str(Path(curve_keys) / "clients"))
+            self.sock.curve_server = True
+            self.sock.curve_publickey, self.sock.curve_secretkey = public, secret
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.codec = _Codec(max_message_bytes)
@@ -106,16 +142,22 @@ class Hub:
 
     def close(self) -> None:
         self.sock.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
 
 
 class Link:
     """A role's DEALER connection to the coordinator."""
 
-    def __init__(self, address: str, identity: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30):
+    def __init__(self, address: str, identity: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30,
+                 curve_keys: Path | None = None):
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         _configure(self.sock, hwm, max_message_bytes)
         self.sock.setsockopt(zmq.IDENTITY, identity.encode())
+        if curve_keys is not None:
+            self.sock.curve_serverkey = _load(curve_keys, "server.key")[0]
+            self.sock.curve_publickey, self.sock.curve_secretkey = _load(curve_keys, "client.key_secret")
         self.sock.connect(address)
         self.identity = identity
         self.codec = _Codec(max_message_bytes)

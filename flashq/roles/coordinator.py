@@ -73,7 +73,7 @@ class Coordinator:
         from transformers import AutoTokenizer
 
         t = self.cfg.transport
-        self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=t.max_message_mb << 20)
+        self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=t.max_message_mb << 20, curve_keys=t.curve_keys)
         log.info("coordinator listening on %s", self.hub.address)
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
 

@@ -81,3 +81,42 @@ def test_slow_consumer_slows_the_producer_and_loses_nothing():
         hub.close(), link.close()
 
     run(main())
+
+
+def test_curve_keys_encrypt_and_refuse_peers_without_the_client_key(tmp_path):
+    """With transport.curve_keys the hub talks to a link holding the run's keys; a plain socket
+    and one with a key of its own are refused at the handshake: not a frame gets through."""
+    import zmq.auth
+
+    from flashq.cli import main
+    from flashq.protocol import Heartbeat
+    from flashq.transport import Hub, Link
+
+    assert main(["keys", str(tmp_path / "keys")]) == 0
+    assert main(["keys", str(tmp_path / "keys")]) == 2  # never overwritten
+    keys = tmp_path / "keys"
+    assert oct((keys / "server.key_secret").stat().st_mode & 0o777) == "0o600"
+    zmq.auth.create_certificates(tmp_path, "intruder")
+
+    async def scenario():
+        hub = Hub("tcp://127.0.0.1:0", curve_keys=keys)
+        friend = Link(hub.address, "rollout-0", curve_keys=keys)
+        plain = Link(hub.address, "plain")
+        intruder = Link(hub.address, "intruder")
+        intruder.sock.curve_serverkey = zmq.auth.load_certificate(keys / "server.key")[0]
+        intruder.sock.curve_publickey, intruder.sock.curve_secretkey = zmq.auth.load_certificate(tmp_path / "intruder.key_secret")
+        try:
+            for link in (plain, intruder):
+                await link.send(Heartbeat(1.0))
+            await friend.send(Heartbeat(2.0))
+            peer, msg = await asyncio.wait_for(hub.recv(), 10)
+            assert (peer, msg) == ("rollout-0", Heartbeat(2.0))
+            await hub.send("rollout-0", Heartbeat(3.0))
+            assert await asyncio.wait_for(friend.recv(), 10) == Heartbeat(3.0)
+            with pytest.raises(asyncio.TimeoutError):  # nothing from the other two, ever
+                await asyncio.wait_for(hub.recv(), 1.5)
+        finally:
+            for s in (friend, plain, intruder, hub):
+                s.close()
+
+    asyncio.run(scenario())

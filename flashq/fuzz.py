@@ -1,0 +1,67 @@
+"""Hostile frames for the message decoder: random bytes, and valid messages mutated.
+
+`frames(n, seed)` yields n multipart messages, each either pure noise or a real message (of every
+kind the protocol has) with bytes flipped, truncated, extended, dropped or duplicated frames, or
+a header that lies about its arrays. A role must reject every one with a reason and carry on;
+`tests/unit/test_fuzz.py` and `bench/fuzz.py` check that.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterator
+
+import numpy as np
+
+from flashq import protocol as P
+from flashq.codec import Encoder
+
+
+def samples_of_every_kind() -> list[P.Message]:
+    ids = np.arange(600, dtype=np.int32)
+    sample = P.Sample("g1/0", "g1", 0, ids, np.zeros(600, np.float32), np.zeros(600, np.int32), "stop",
+                      loss_mask=np.ones(600, np.uint8), env_reward=1.0)
+    return [
+        P.Hello("rollout", 0, 1, "h"), P.Start("r", 1, 0), P.Heartbeat(1.0), P.Shutdown("x"), P.Fatal("t", "x"),
+        P.GenerateRequest("g1/0", "g1", ids, 8), P.EpisodeRequest("g1/0", "g1", {"id": "t"}, 3, 8), P.Cancel(["g1/0"]),
+        sample, P.ScoreRequest(sample, {"answer": "1"}), P.RewardResult("g1/0", 1.0), P.BatchRequest(1),
+        P.StepStats(1, {"loss": 0.1}), P.WeightSyncCall(1, "update_weights", {"names": ["w"]}), P.WeightSyncReply(1, True),
+        P.WorkerStats("rollout", 0, {"busy_s": 1.0}),
+    ]
+
+
+def _mutate(rng: random.Random, frames: list[bytes]) -> list[bytes]:
+    frames = list(frames)
+    kind = rng.randrange(6)
+    i = rng.randrange(len(frames))
+    b = bytearray(frames[i])
+    if kind == 0 and b:  # flip bytes
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+    elif kind == 1 and b:  # truncate
+        del b[rng.randrange(len(b)):]
+    elif kind == 2:  # extend with noise
+        b += rng.randbytes(rng.randint(1, 64))
+    elif kind == 3 and len(frames) > 1:  # drop a frame
+        del frames[i]
+        return frames
+    elif kind == 4:  # duplicate a frame
+        frames.insert(i, frames[i])
+        return frames
+    else:  # overwrite a window with noise
+        if b:
+            j = rng.randrange(len(b))
+            b[j : j + 8] = rng.randbytes(min(8, len(b) - j))
+    frames[i] = bytes(b)
+    return frames
+
+
+def frames(n: int, seed: int = 0) -> Iterator[list[bytes]]:
+    rng = random.Random(seed)
+    enc = Encoder()
+    valid = [[bytes(memoryview(f)) for f in enc.encode(m)] for m in samples_of_every_kind()]
+    for _ in range(n):
+        if rng.random() < 0.2:
+            yield [rng.randbytes(rng.randint(0, 200)) for _ in range(rng.randint(1, 3))]
+        else:
+            yield _mutate(rng, rng.choice(valid))
