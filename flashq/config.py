@@ -145,6 +145,10 @@ class RolloutConfig(Section):
     group_affinity: bool = Field(
         False, description="Keep a prompt's requests on the worker its first one went to while it has room (else spread them)."
     )
+    speculation: Literal["none", "ngram", "grouped"] = Field(
+        "none", description="Speculative decoding: vLLM's n-gram prompt lookup, or flashq's grouped drafter (siblings, history, own output)."
+    )
+    num_speculative_tokens: int = Field(8, ge=1, description="Most draft tokens per request per step.")
     starvation_s: float = Field(60.0, gt=0, description="context_aware: a request waiting this long goes next.")
     history_epochs: int = Field(2, ge=1, description="Epochs of a prompt's past response lengths kept for its estimate.")
 

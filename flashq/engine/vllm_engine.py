@@ -68,6 +68,15 @@ class RolloutEngine:
         )
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = rc.gpu_memory_utilization
+        if rc.speculation == "ngram":
+            kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": rc.num_speculative_tokens,
+                                            "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+        elif rc.speculation == "grouped":
+            from flashq.engine.vllm_plugin import use_grouped_proposer
+
+            os.environ["FLASHQ_SPECULATION"] = "grouped"  # read by flashq's vLLM plugin in every engine process
+            use_grouped_proposer()  # and in this one, whose plugins may have loaded already
+            kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": rc.num_speculative_tokens}
         kwargs.update(rc.engine_kwargs)
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         await self.llm.update_weight_version("0")

@@ -18,7 +18,24 @@ class _BenignReloadWarnings(logging.Filter):
 
 
 def register() -> None:
+    import os
+
     from flashq.engine.gloo_transfer import register as register_gloo
 
     register_gloo()
+    if os.environ.get("FLASHQ_SPECULATION") == "grouped":
+        use_grouped_proposer()
     logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_BenignReloadWarnings())
+
+
+def use_grouped_proposer() -> None:
+    """vLLM's "suffix" method, with flashq's grouped drafter as its proposer. vLLM checks that
+    arctic-inference (its own suffix implementation) is installed; flashq's replaces it, so
+    that check is answered for it."""
+    import vllm.config.speculative as speculative
+    import vllm.v1.worker.gpu_model_runner as runner
+
+    from flashq.engine.grouped_proposer import GroupedSuffixProposer
+
+    speculative.has_arctic_inference = lambda: True
+    runner.SuffixDecodingProposer = GroupedSuffixProposer
