@@ -187,8 +187,7 @@ class Orchestrator:
             })
             self.buffer.add_reward(gid, RewardResult(rid, float(sample.env_reward)))
             self.ledger.rewards_received += 1
-            stop = self.episodes.to_cancel(gid)
-            if stop:
+            if self.episodes.is_full(gid):
                 for withdrawn in self.gen_queue.withdraw(gid):
                     self.episodes.on_result(gid, withdrawn.request_id, failed=False)
                     self.ledger.episodes_withdrawn += 1
@@ -201,7 +200,6 @@ class Orchestrator:
         self.request_sent_at.pop(rid, None)
         if self.episodes.finished(gid):
             self.gen_queue.forget(gid)
-            self.lengths.close_group(gid)
 
     def on_reward(self, peer: str, result: RewardResult) -> None:
         worker = self.score_worker.pop(result.request_id, None)
@@ -385,20 +383,17 @@ class Orchestrator:
             group.samples = {s.request_id: s for s in gs.samples}
             group.rewards = {r.request_id: r for r in gs.rewards}
             self.buffer.add_group(group)
+            self.gate.pending[gs.group_id] = gs.deadline
+            if group.complete:
+                self.buffer.complete.add(gs.group_id)
             if self.episodes is not None:  # episodes: start afresh what the group still needs
                 self.episodes.resume(gs.group_id, gs.size, [s.request_id for s in gs.samples])
                 for rid in self.episodes.replacements(gs.group_id):
                     self.gen_queue.submit(self._episode_request(gs.group_id, rid, gs.task))
-                self.gate.pending[gs.group_id] = gs.deadline
-                if group.complete:
-                    self.buffer.complete.add(gs.group_id)
                 continue
             self.lengths.add_group(gs.group_id, gs.prompt_ids)
             for sample in gs.samples:
                 self.lengths.observe(gs.group_id, len(sample.token_ids), finished=True)
-            self.gate.pending[gs.group_id] = gs.deadline
-            if group.complete:
-                self.buffer.complete.add(gs.group_id)
             for k in range(gs.size):
                 rid = f"{gs.group_id}/{k}"
                 if rid not in group.samples:

@@ -58,10 +58,13 @@ class RedundantGroups:
         g.kept += 1
         return "keep"
 
+    def is_full(self, group_id: str) -> bool:
+        g = self.groups[group_id]
+        return g.kept >= g.size
+
     def to_cancel(self, group_id: str) -> list[str]:
         """Once a group has all it needs: the episodes still running (they will answer "abort")."""
-        g = self.groups[group_id]
-        return sorted(g.running) if g.kept >= g.size else []
+        return sorted(self.groups[group_id].running) if self.is_full(group_id) else []
 
     def replacements(self, group_id: str) -> list[str]:
         """After failures: new episodes so that running + kept can still fill the group. Raises

@@ -57,7 +57,7 @@ class _Engine:
         self.t = 0.0
         self.paused_until = 0.0  # weight sync, prefill
         self.busy_s = 0.0
-        self.steps = self.spec_steps = self.spec_tokens = 0.0  # for the mean acceptance length
+        self.spec_steps = self.spec_tokens = 0.0  # for the mean acceptance length
         self.cached: set[str] = set()  # responses whose prefix this engine holds
 
     def advance(self, now: float) -> None:
@@ -65,7 +65,6 @@ class _Engine:
         if now > start and self.running:
             step, tokens = self._decode()
             steps = (now - start) / step
-            self.steps += steps
             if tokens > 1:
                 self.spec_steps += steps
                 self.spec_tokens += steps * tokens

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -96,7 +97,7 @@ class AsyncEnv:
             result.reward = float(result.reward)
         except (TypeError, ValueError):
             raise EnvError(f"step() returned a reward that is not a number: {result.reward!r}") from None
-        if result.reward != result.reward or result.reward in (float("inf"), float("-inf")):
+        if not math.isfinite(result.reward):
             raise EnvError(f"step() returned a non-finite reward: {result.reward}")
         return result
 
