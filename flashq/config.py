@@ -228,7 +228,7 @@ class SFTConfig(Section):
     steps: int = Field(300, ge=1)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(3e-3, gt=0)
-    warmup_steps: int = Field(20, ge=0)
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up, then cosine decay to zero over the remaining steps.")
     threads: int = Field(2, ge=1, description="CPU: torch threads.")
     eval_prompts: int = Field(256, ge=1)
     seed: int = 0
