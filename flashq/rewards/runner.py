@@ -97,5 +97,12 @@ class RewardRunner:
         pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
-        if self.pool is not None:
-            self._kill(self.pool)
+        """Stop the pool for good. A process pool's manager thread is joined once its processes
+        are killed, so nothing is left for the interpreter's exit hook to trip over."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        if isinstance(pool, ProcessPoolExecutor):
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.kill()
+        pool.shutdown(wait=isinstance(pool, ProcessPoolExecutor), cancel_futures=True)
