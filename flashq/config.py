@@ -261,6 +261,21 @@ class LogConfig(Section):
     vllm_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("WARNING", description="vLLM's own log level.")
 
 
+class FaultConfig(Section):
+    """What a run does when a role dies. Rollout and reward workers are restarted in place (their
+    work goes to the others meanwhile); a trainer or coordinator failure restarts the whole run
+    from its newest checkpoint."""
+
+    restart_workers: bool = Field(True, description="Restart a rollout or reward worker that dies; its in-flight work is re-queued.")
+    resume_run: bool = Field(
+        True, description="If the trainer or coordinator dies: stop every role and resume the run from its newest checkpoint."
+    )
+    max_restarts: int = Field(100, ge=0, description="Restarts allowed in one run (workers and resumes together).")
+    worker_timeout_s: float = Field(
+        30.0, gt=0, description="A worker silent this long is declared lost and its work re-queued (a dead process is noticed at once)."
+    )
+
+
 class FlashqConfig(Section):
     name: str = "quickstart"
     seed: int = 0
@@ -281,6 +296,7 @@ class FlashqConfig(Section):
     sft: SFTConfig = SFTConfig()
     placement: PlacementConfig = PlacementConfig()
     log: LogConfig = LogConfig()
+    fault: FaultConfig = FaultConfig()
     resume_from: Path | None = Field(None, description="A checkpoint directory to continue from (set by `flashq launch --resume`).")
 
     @model_validator(mode="after")
@@ -329,10 +345,10 @@ class FlashqConfig(Section):
 
 
 ROLE_SECTIONS = {
-    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "env", "trainer", "rollout", "reward", "transport", "log", "resume_from"],
+    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "env", "trainer", "rollout", "reward", "transport", "log", "fault", "resume_from"],
     "rollout": ["name", "seed", "model", "env", "rollout", "weight_sync", "transport", "log"],
     "reward": ["name", "model", "reward", "transport", "log"],
-    "trainer": ["name", "seed", "async_ratio", "model", "sampling", "trainer", "weight_sync", "transport", "log", "resume_from"],
+    "trainer": ["name", "seed", "async_ratio", "model", "sampling", "trainer", "weight_sync", "transport", "log", "fault", "resume_from"],
 }
 
 

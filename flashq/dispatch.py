@@ -41,7 +41,7 @@ class LeastLoadedQueue(Generic[T]):
     def assignments(self) -> list[tuple[str, T]]:
         """Pop as many waiting items as fit, each to the least-loaded worker (ties: first)."""
         out = []
-        while len(self.waiting):
+        while len(self.waiting) and self.load:
             worker = min(self.load, key=self.load.__getitem__)
             if self.load[worker] >= self.cap:
                 break
@@ -68,6 +68,18 @@ class LeastLoadedQueue(Generic[T]):
             raise ValueError(f"done() for {worker} with nothing in flight")
         self.load[worker] -= 1
         self.clocks[worker].end()
+
+    def remove_worker(self, worker: str) -> None:
+        """The worker is gone: send it nothing more. The caller re-queues what it held."""
+        self.load.pop(worker, None)
+        if worker in self.clocks:
+            self.clocks[worker].clear()
+        self.home = {key: w for key, w in self.home.items() if w != worker}
+
+    def add_worker(self, worker: str) -> None:
+        """A (restarted) worker takes requests again, starting with nothing in flight."""
+        self.load[worker] = 0
+        self.clocks.setdefault(worker, BusyClock())
 
     def free_slots(self) -> int:
         return sum(self.cap - n for n in self.load.values()) - len(self.waiting)

@@ -4,14 +4,19 @@ and stop them together.
 Each role runs exactly as it would on its own host (`flashq role NAME --config FILE --connect
 ADDR`), from the resolved config written into the run directory, so any role can be restarted
 or debugged by hand with the command shown in `--dry-run`. Output lines are prefixed with the
-role name, shown on the terminal and kept in `<run_dir>/logs/<role>.log`. If any role exits
-unexpectedly the launcher says which, with its exit status and the end of its log, and stops
-the rest; Ctrl-C stops everything cleanly.
+role name, shown on the terminal and kept in `<run_dir>/logs/<role>.log`.
+
+Faults (`fault.*`): a rollout or reward worker that exits is started again (the coordinator has
+already given its work to the others); if the trainer or the coordinator dies, every role is
+stopped and the run resumes from its newest checkpoint. Each restart is said on the terminal and
+recorded in `<run_dir>/restarts.jsonl`. Without a restart left, the launcher says which role
+failed, with its exit status and the end of its log, and stops the rest; Ctrl-C stops everything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -25,6 +30,7 @@ import yaml
 
 from flashq.config import ConfigError, FlashqConfig, dump_config, role_view
 
+RESUME = -1  # _run_roles: the trainer or coordinator died; resume from the newest checkpoint
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_green", "bright_blue"]
 GRACE_S = 15.0
 
@@ -124,6 +130,7 @@ class Launcher:
         self.show_progress = self.console.is_terminal if show_progress is None else show_progress
         self.roles: list[RoleProcess] = []
         self.stopping = False
+        self.restarts = 0
 
     def run(self) -> int:
         check_placement(self.cfg)
@@ -137,16 +144,49 @@ class Launcher:
         return asyncio.run(self._main())
 
     async def _main(self) -> int:
-        from flashq.roles.common import resolve_model
-
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        config_file = self.run_dir / "config.yaml"
         self.say(f"[bold]flashq[/] run {self.run_dir}  (async_ratio={self.cfg.async_ratio:g}, {len(self.cfg.role_names())} processes)")
         if self.cfg.sft.warm_start:
             code = await self._warm_start()
             if code:
                 return code
+        while True:
+            code = await self._run_roles()
+            if code != RESUME:
+                return code
+            self.cfg = resolve_run(resume_config(self.cfg, str(self.run_dir), []))
+            self.say(f"[bold yellow]resuming from {self.cfg.resume_from}[/]")
+
+    def _can_restart(self, role: RoleProcess) -> bool:
+        f = self.cfg.fault
+        if self.restarts >= f.max_restarts or self._coordinator_done() or self.stopping:
+            return False
+        if role.name.startswith(("rollout-", "reward-")):
+            return f.restart_workers
+        from flashq import checkpoint
+
+        return f.resume_run and checkpoint.latest(self.run_dir) is not None
+
+    def _record_restart(self, role: RoleProcess, status: int, action: str) -> None:
+        self.restarts += 1
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        self.say(f"[bold yellow]{role.name} {how}; {action} (restart {self.restarts} of {self.cfg.fault.max_restarts})[/]")
+        with (self.run_dir / "restarts.jsonl").open("a") as f:
+            f.write(json.dumps({"time": time.time(), "role": role.name, "status": status, "action": action}) + "\n")
+
+    async def _start(self, role: RoleProcess) -> None:
+        role.proc = await asyncio.create_subprocess_exec(
+            *role.cmd, env=role.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_pin(role.cpus),
+        )
+
+    async def _run_roles(self) -> int:
+        """Start every role and watch them until the run finishes (0), fails (1), is interrupted
+        (130), or lost its trainer or coordinator and should resume from a checkpoint (RESUME)."""
+        from flashq.roles.common import resolve_model
+
+        config_file = self.run_dir / "config.yaml"
         dump_config(self.cfg, config_file)
         resolve_model(self.cfg)  # build the tiny model once, before the roles race to it
         self.roles = role_specs(self.cfg, config_file)
@@ -154,11 +194,9 @@ class Launcher:
         interrupted = asyncio.Event()
         loop.add_signal_handler(signal.SIGINT, interrupted.set)
         loop.add_signal_handler(signal.SIGTERM, interrupted.set)
+        self.stopping = False
         for r in self.roles:
-            r.proc = await asyncio.create_subprocess_exec(
-                *r.cmd, env=r.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_pin(r.cpus),
-            )
+            await self._start(r)
         pumps = [asyncio.create_task(self._pump_output(r)) for r in self.roles]
         exits = {asyncio.create_task(_exit_status(r.proc)): r for r in self.roles}
         interrupt = asyncio.create_task(interrupted.wait())
@@ -184,6 +222,19 @@ class Launcher:
                 for task in done:
                     pending.discard(task)
                     role, status = exits[task], task.result()
+                    if status != 0 and self._can_restart(role):
+                        if role.name in ("trainer", "coordinator"):
+                            self._record_restart(role, status, "resuming the run from its newest checkpoint")
+                            code = RESUME
+                            break
+                        self._record_restart(role, status, "starting it again")
+                        _signal_group(role.proc.pid, signal.SIGKILL)  # its engine may outlive it
+                        await self._start(role)
+                        pumps.append(asyncio.create_task(self._pump_output(role)))
+                        restarted = asyncio.create_task(_exit_status(role.proc))
+                        exits[restarted] = role
+                        pending.add(restarted)
+                        continue
                     if status != 0:
                         failed.append((role, status))
                     elif role.name == "coordinator":
@@ -191,6 +242,8 @@ class Launcher:
                         pending.clear()
                     elif early_exit is None:
                         early_exit = (role, time.monotonic() + GRACE_S)
+                if code == RESUME:
+                    break
                 if failed and not self._coordinator_done():  # after a clean finish, exits are only warnings
                     code = 1
                     # one failure brings others down (the coordinator notices the dead peer): gather
@@ -206,6 +259,8 @@ class Launcher:
             await asyncio.gather(*pumps, return_exceptions=True)
             if live:
                 live.stop()
+        if code == 0 and self.restarts:
+            self.say(f"[yellow]{self.restarts} restart(s) during the run: {self.run_dir / 'restarts.jsonl'}[/]")
         if code == 0:
             self._report()
             self.say(f"[bold green]done[/]: metrics in {self.run_dir / 'metrics.jsonl'}, logs in {self.run_dir / 'logs'}")

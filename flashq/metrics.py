@@ -104,6 +104,11 @@ class BusyClock:
         self._tick()
         self.in_flight -= 1
 
+    def clear(self) -> None:
+        """Nothing in flight any more (the worker died): from now on its time counts as idle."""
+        self._tick()
+        self.in_flight = 0
+
     def snapshot(self) -> tuple[float, float]:
         self._tick()
         return self.busy_s, self.idle_s

@@ -53,6 +53,9 @@ class Ledger:
     episodes_failed: int = 0  # env episodes that raised or timed out (each replaced or fatal)
     episodes_discarded: int = 0  # answered but not kept: finished after their group was full, or cancelled
     episodes_withdrawn: int = 0  # redundant episodes whose group filled before they were dispatched
+    requests_requeued: int = 0  # in flight on a rollout worker that died; sent again to another
+    scores_requeued: int = 0  # in flight on a reward worker that died; scored again
+    workers_lost: Counter = field(default_factory=Counter)  # by worker
     tasks_skipped: Counter = field(default_factory=Counter)
     rejected: Counter = field(default_factory=Counter)  # message-level rejections, by reason
 
@@ -73,6 +76,9 @@ class Ledger:
             "episodes_withdrawn": self.episodes_withdrawn,
             "samples_in_buffer": waiting,
             "requests_in_flight": self.requests_sent - self.samples_received - self.episodes_discarded - self.episodes_failed,
+            "requests_requeued": self.requests_requeued,
+            "scores_requeued": self.scores_requeued,
+            "workers_lost": dict(self.workers_lost),
             "tasks_skipped": dict(self.tasks_skipped),
             "rejected": dict(self.rejected),
         }
@@ -120,6 +126,7 @@ class Orchestrator:
         self.finished_requests: list[dict] = []  # timings of finished responses, for the request trace
         self.worker_tokens: Counter = Counter()  # tokens each rollout worker generated
         self.score_worker: dict[str, str] = {}  # request id -> reward worker
+        self.score_sent: dict[str, ScoreRequest] = {}  # in flight on a reward worker
         self.batch_groups: dict[int, list[Group]] = {}  # sent to the trainer, not yet confirmed
         self.outbox: list[tuple[str, Message]] = []
         self.generation_paused = False  # after a resume: until the engines serve the restored weights
@@ -202,25 +209,61 @@ class Orchestrator:
             self.gen_queue.forget(gid)
 
     def on_reward(self, peer: str, result: RewardResult) -> None:
-        worker = self.score_worker.pop(result.request_id, None)
+        worker = self.score_worker.get(result.request_id)
         if worker is None:
             raise KeyError(f"reward for {result.request_id} from {peer} was not requested (or arrived twice)")
+        if worker != peer:
+            raise KeyError(f"reward for {result.request_id} came from {peer}, but was sent to {worker}")
+        del self.score_worker[result.request_id]
+        del self.score_sent[result.request_id]
         self.score_queue.done(worker)
         self.buffer.add_reward(result.request_id.rsplit("/", 1)[0], result)
         self.ledger.rewards_received += 1
         if result.error:
             self.ledger.reward_errors += 1
 
+    def on_worker_lost(self, worker: str) -> None:
+        """A rollout or reward worker died: dispatch nothing more to it and send what it held to
+        the others, first in line. Anything the dead worker still sends is rejected as unrequested."""
+        self.ledger.workers_lost[worker] += 1
+        if worker in self.gen_queue.load:
+            held = [rid for rid, w in self.request_worker.items() if w == worker]
+            self.gen_queue.remove_worker(worker)
+            for rid in held:
+                del self.request_worker[rid]
+                req = self.request_sent.pop(rid)
+                if rid in self.cancelled:  # an episode told to stop: as if it had answered
+                    self.cancelled.discard(rid)
+                    self.episodes.on_result(req.group_id, rid, failed=False)
+                    self.ledger.episodes_discarded += 1
+                    if self.episodes.finished(req.group_id):
+                        self.gen_queue.forget(req.group_id)
+                    continue
+                self.gen_queue.submit_front(req)
+                self.ledger.requests_requeued += 1
+        if worker in self.score_queue.load:
+            held = [rid for rid, w in self.score_worker.items() if w == worker]
+            self.score_queue.remove_worker(worker)
+            for rid in held:
+                del self.score_worker[rid]
+                self.score_queue.submit_front(self.score_sent.pop(rid))
+                self.ledger.scores_requeued += 1
+
+    def on_worker_joined(self, worker: str) -> None:
+        """A (restarted) worker is ready: a rollout worker once it serves the current weights."""
+        queue = self.gen_queue if worker.startswith("rollout-") else self.score_queue
+        queue.add_worker(worker)
+
     def on_batch_request(self, credits: int) -> None:
         self.trainer_credits += credits
 
     def on_weights_served(self, version: int) -> None:
-        """Every rollout engine now serves `version`."""
+        """Every rollout engine now serves `version` (again, after a regroup: a no-op)."""
         if self.generation_paused and version == self.engine_version:
             self.generation_paused = False  # the restored weights reached the engines
             return
-        if version <= self.engine_version:
-            raise ValueError(f"weight version went from {self.engine_version} to {version}")
+        if version < self.engine_version:
+            raise ValueError(f"weight version went from {self.engine_version} back to {version}")
         self.engine_version = version
 
     def on_step_trained(self, version: int) -> list[Group]:
@@ -244,12 +287,13 @@ class Orchestrator:
         for worker, req in ([] if self.generation_paused else self.gen_queue.assignments()):
             self.request_worker[req.request_id] = worker
             self.request_sent[req.request_id] = req
-            if not getattr(req, "generated", 0):  # a response's first chunk (or an episode)
+            if req.request_id not in self.request_sent_at:  # first chunk, not a re-queued request
                 self.request_sent_at[req.request_id] = self.clock()
                 self.ledger.requests_sent += 1
             self.outbox.append((worker, req))
         for worker, req in self.score_queue.assignments():
             self.score_worker[req.sample.request_id] = worker
+            self.score_sent[req.sample.request_id] = req
             self.outbox.append((worker, req))
         self._send_batches()
 

@@ -63,9 +63,11 @@ class Heartbeat(Msg, tag="heartbeat"):
 
 
 class Shutdown(Msg, tag="shutdown"):
-    """Coordinator -> every role: finish cleanly and exit."""
+    """Coordinator -> every role: finish cleanly and exit. `restart`: this worker was declared
+    lost (its work went to others); it must exit with an error so the launcher starts it again."""
 
     reason: str
+    restart: bool = False
 
 
 class Fatal(Msg, tag="fatal"):
@@ -271,6 +273,15 @@ class WeightSyncCall(Msg, tag="wsync_call"):
         _require(self.method in WEIGHT_SYNC_METHODS, f"unknown weight sync method {self.method!r}")
 
 
+class Regroup(Msg, tag="regroup"):
+    """Coordinator -> trainer: the set of rollout workers changed (one died or one joined). The
+    trainer rebuilds its weight-transfer group for `members` and pushes its current weights."""
+
+    inference_world_size: int
+    members: list[str]
+    reason: str = ""
+
+
 WEIGHT_SYNC_METHODS = ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update")
 
 
@@ -311,6 +322,7 @@ Message = Union[
     StepStats,
     WeightSyncCall,
     WeightSyncReply,
+    Regroup,
     WorkerStats,
 ]
 

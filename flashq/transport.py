@@ -97,6 +97,7 @@ class Hub:
         self.sock = self.ctx.socket(zmq.ROUTER)
         _configure(self.sock, hwm, max_message_bytes)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted role takes over its name
         self.auth = None
         if curve_keys is not None:
             from zmq.auth.asyncio import AsyncioAuthenticator

@@ -15,7 +15,7 @@ where one bucket ends and the next begins.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -191,14 +191,22 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             bucket_bytes=init_info.bucket_bytes,
             timeout_s=init_info.timeout_s,
         )
-        # Workers block in the rendezvous inside init_weight_transfer_engine, so the RPC runs on a
-        # side thread while this process opens the store as rank 0.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            engine.group, engine.store = open_group(
-                init_info.master_address, init_info.master_port, 0, init_info.world_size, init_info.timeout_s
+        # Workers block in the rendezvous inside init_weight_transfer_engine, so the RPC and this
+        # process's side of it (rank 0, hosting the store) run on two threads. If a worker fails
+        # to join, the RPC says so at once: raise then rather than wait out the store's timeout.
+        pool = ThreadPoolExecutor(max_workers=2)
+        try:
+            rpc = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
+            opening = pool.submit(
+                open_group, init_info.master_address, init_info.master_port, 0, init_info.world_size, init_info.timeout_s
             )
-            pending.result()
+            wait([rpc, opening], return_when=FIRST_EXCEPTION)
+            if rpc.done() and rpc.exception() is not None:
+                raise rpc.exception()
+            engine.group, engine.store = opening.result()
+            rpc.result()
+        finally:
+            pool.shutdown(wait=False)
         return engine
 
     def send_weights(self) -> None:

@@ -41,6 +41,8 @@ class RolloutEngine:
         self.device = device
         self.llm = None
         self.version = 0
+        self.transfer_ready = False
+        self.update_open = False  # started, not finished: generation stays paused until a push completes
         self.recompute_kv = cfg.rollout.recompute_kv_on_update
 
     async def start(self) -> None:
@@ -78,6 +80,7 @@ class RolloutEngine:
             use_grouped_proposer()  # and in this one, whose plugins may have loaded already
             kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": rc.num_speculative_tokens}
         kwargs.update(rc.engine_kwargs)
+        kwargs.setdefault("worker_extension_cls", "flashq.engine.worker_extension.FlashqWorkerExtension")
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         await self.llm.update_weight_version("0")
 
@@ -140,14 +143,22 @@ class RolloutEngine:
 
         llm = self.llm
         if method == "init_weight_transfer_engine":
+            if self.update_open:  # a push broke off (a rollout worker died mid-way)
+                await llm.collective_rpc("flashq_abandon_weight_update")
+                self.update_open = False
+            if self.transfer_ready:  # the trainer rebuilt the group (the rollout workers changed)
+                await llm.shutdown_weight_transfer_engine()
             await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=payload))
+            self.transfer_ready = True
         elif method == "start_weight_update":
             await llm.pause_generation(mode="keep", clear_cache=self.recompute_kv)
+            self.update_open = True
             await llm.start_weight_update()
         elif method == "update_weights":
             await llm.update_weights(WeightTransferUpdateRequest(update_info=payload))
         elif method == "finish_weight_update":
             await llm.finish_weight_update(weight_version=str(version))
+            self.update_open = False
             self.version = version
             await llm.resume_generation()
         else:

@@ -3,6 +3,11 @@
 It owns the `Orchestrator` (prompt source, staleness gate, dispatch, sample buffer) and does the
 process-facing work around it: the startup handshake, fanning weight-sync calls out to every
 rollout worker, liveness, per-step metrics, and the final books (`ledger.json`).
+
+Workers may die and come back (`fault.restart_workers`): a dead one's work is re-queued to the
+others at once; a restarted one says hello again and takes work once it serves the current
+weights. Changing the set of rollout workers means a new weight-transfer group, so the trainer
+is told to rebuild it (`Regroup`). Every loss and rejoin is appended, timed, to `faults.jsonl`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from flashq.protocol import (
     Heartbeat,
     Hello,
     Message,
+    Regroup,
     RewardResult,
     Sample,
     Shutdown,
@@ -51,6 +57,7 @@ class PendingSync:
     call: WeightSyncCall
     waiting: set[str]
     errors: list[str] = field(default_factory=list)
+    recipients: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -68,6 +75,14 @@ class Coordinator:
         self.prev_tokens = 0
         self.started = time.monotonic()
         self.last_step_at = self.started
+        self.tolerant = cfg.fault.restart_workers  # a lost worker is survivable, not fatal
+        self.alive: set[str] = set()  # started and not lost
+        self.engine_ranks: dict[str, int] = {}
+        self.group: list[str] = []  # rollout workers in the trainer's current weight-transfer group
+        self.announced: list[str] = []  # rollout workers the trainer was last told to build a group for
+        self.awaiting_weights: set[str] = set()  # restarted rollout workers that do not serve the weights yet
+        self.no_rollout_since: float | None = None
+        self.told_to_restart: set[str] = set()
 
     async def run(self) -> None:
         from transformers import AutoTokenizer
@@ -129,13 +144,13 @@ class Coordinator:
                     continue
                 hellos[peer] = msg
                 log.info("%s connected (pid %d on %s)", peer, msg.pid, msg.host)
-        offsets, world = {}, 0
-        for r in self.rollouts:
-            offsets[r] = 1 + world
-            world += hellos[r].engine_ranks
+        self.engine_ranks = {r: hellos[r].engine_ranks for r in self.rollouts}
+        self.announced = list(self.rollouts)
+        self.rank_offsets = self._offsets(self.announced)
+        world = sum(self.engine_ranks.values())
         for peer in self.peers:
-            await self.hub.send(peer, Start(run_id=self.run_dir.name, inference_world_size=world, rank_offset=offsets.get(peer, 0)))
-        self.rank_offsets = offsets
+            await self.hub.send(peer, Start(run_id=self.run_dir.name, inference_world_size=world, rank_offset=self.rank_offsets.get(peer, 0)))
+        self.alive = set(self.peers)
         log.info("all %d roles connected; %d inference rank(s); async_ratio=%g", len(self.peers), world, self.cfg.async_ratio)
 
     # ------------------------------------------------------------ main loop
@@ -149,7 +164,12 @@ class Coordinator:
         while not self.orch.done:
             peer, msg = await self.hub.recv()
             try:
-                self._handle(peer, msg)
+                if isinstance(msg, Hello):
+                    await self._rejoin(peer, msg)
+                elif peer not in self.alive and not isinstance(msg, Fatal):
+                    await self._stop_stale(peer, msg)
+                else:
+                    self._handle(peer, msg)
             except (KeyError, ValueError) as e:
                 self.orch.ledger.rejected[f"{type(msg).__name__}: {str(e)[:60]}"] += 1
                 log.warning("rejected %s from %s: %s", type(msg).__name__, peer, e)
@@ -177,7 +197,9 @@ class Coordinator:
         elif isinstance(msg, WorkerStats):
             self.worker_stats[peer] = msg.metrics
         elif isinstance(msg, Fatal):
-            raise RoleFailed(f"{msg.role} failed: {msg.reason}")
+            if not (self.tolerant and peer in self.rollouts + self.rewards):
+                raise RoleFailed(f"{msg.role} failed: {msg.reason}")
+            self._lose(peer, f"failed: {msg.reason[:200]}")
         elif not isinstance(msg, Heartbeat):
             raise ValueError(f"unexpected {type(msg).__name__}")
 
@@ -187,8 +209,19 @@ class Coordinator:
             self._trace(self.orch.finished_requests)
             self.orch.finished_requests = []
         outbox, self.orch.outbox = self.orch.outbox, []
+        lost = False
         for peer, msg in outbox:
-            await self.hub.send(peer, msg)
+            if peer != "trainer" and peer not in self.alive:
+                continue  # re-queued when the peer was lost
+            try:
+                await self.hub.send(peer, msg)
+            except PeerLost:
+                if not self.tolerant or peer == "trainer":
+                    raise
+                self._lose(peer, "its connection is gone")
+                lost = True
+        if lost:  # what it held is queued again: send it elsewhere now
+            await self._pump()
 
     def _trace(self, records: list[dict]) -> None:
         """log.request_trace: one line per finished response, times in seconds since generation began."""
@@ -204,8 +237,13 @@ class Coordinator:
     def _fan_out(self, peer: str, call: WeightSyncCall) -> None:
         if peer != "trainer":
             raise ValueError(f"weight sync call from {peer}; only the trainer may start one")
-        self.syncs[call.call_id] = PendingSync(call, set(self.rollouts))
-        for r in self.rollouts:
+        if call.method == "init_weight_transfer_engine":  # a new group, for the workers last announced
+            self.group = list(self.announced)
+        recipients = [r for r in self.group if r in self.alive]
+        pending = self.syncs[call.call_id] = PendingSync(call, set(recipients), recipients=set(recipients))
+        if not recipients:  # every rollout worker is gone: nothing to do until one rejoins
+            self._finish_sync(call.call_id, pending)
+        for r in recipients:
             payload = call.payload
             if call.method == "init_weight_transfer_engine":
                 payload = {**payload, "rank_offset": self.rank_offsets[r]}
@@ -218,25 +256,124 @@ class Coordinator:
         pending.waiting.discard(peer)
         if not reply.ok:
             pending.errors.append(reply.error)
-        if pending.waiting:
-            return
-        del self.syncs[reply.call_id]
+        if not pending.waiting:
+            self._finish_sync(reply.call_id, pending)
+
+    def _finish_sync(self, call_id: int, pending: PendingSync) -> None:
+        del self.syncs[call_id]
         ok = not pending.errors
         if ok and pending.call.method == "finish_weight_update":
             self.orch.on_weights_served(pending.call.version)
+            for worker in sorted(self.awaiting_weights & pending.recipients):  # restarted workers now serve them
+                self.awaiting_weights.discard(worker)
+                self.orch.on_worker_joined(worker)
+                self._fault({"peer": worker, "event": "serving", "version": pending.call.version})
+                log.info("%s serves version %d again and takes requests", worker, pending.call.version)
         self.orch.outbox.append(
-            ("trainer", WeightSyncReply(reply.call_id, ok=ok, error="; ".join(pending.errors), seconds=time.monotonic() - pending.started))
+            ("trainer", WeightSyncReply(call_id, ok=ok, error="; ".join(pending.errors), seconds=time.monotonic() - pending.started))
         )
+
+    # ------------------------------------------------------------ faults
+
+    def _fault(self, event: dict) -> None:
+        with (self.run_dir / "faults.jsonl").open("a") as f:
+            f.write(json.dumps({"time": time.time(), **event}) + "\n")
+
+    def _offsets(self, members: list[str]) -> dict[str, int]:
+        offsets, world = {}, 0
+        for r in members:
+            offsets[r] = 1 + world
+            world += self.engine_ranks[r]
+        return offsets
+
+    def _lose(self, peer: str, reason: str) -> None:
+        """A worker is gone: re-queue its work, fail any weight sync waiting on it, and if it
+        was in the weight-transfer group, have the trainer rebuild the group without it."""
+        if peer not in self.alive:
+            return
+        self.alive.discard(peer)
+        log.warning("%s lost (%s); its work goes to the others", peer, reason)
+        self._fault({"peer": peer, "event": "lost", "reason": reason})
+        self.orch.on_worker_lost(peer)
+        self.awaiting_weights.discard(peer)
+        for call_id, pending in list(self.syncs.items()):
+            if peer in pending.waiting:
+                pending.waiting.discard(peer)
+                pending.errors.append(f"{peer} lost during {pending.call.method}")
+                if not pending.waiting:
+                    self._finish_sync(call_id, pending)
+        if peer in self.group or peer in self.announced:
+            self._regroup(f"{peer} lost")
+
+    async def _rejoin(self, peer: str, hello: Hello) -> None:
+        """A restarted worker said hello: start it; a rollout worker joins the next weight group."""
+        if not self.tolerant or peer not in self.rollouts + self.rewards:
+            raise KeyError(f"hello from {peer} after startup")
+        self._lose(peer, "it restarted")  # if its death went unnoticed
+        self.told_to_restart.discard(peer)
+        self.engine_ranks[peer] = hello.engine_ranks
+        await self.hub.send(peer, Start(run_id=self.run_dir.name, inference_world_size=0, rank_offset=0))
+        self.alive.add(peer)
+        self._fault({"peer": peer, "event": "rejoined", "pid": hello.pid})
+        log.info("%s rejoined (pid %d)", peer, hello.pid)
+        if peer in self.rewards:
+            self.orch.on_worker_joined(peer)
+        else:
+            self.awaiting_weights.add(peer)
+            self._regroup(f"{peer} rejoined")
+
+    async def _stop_stale(self, peer: str, msg: Message) -> None:
+        """A worker declared lost is still talking: its results were re-queued elsewhere, so
+        reject them and tell it (once) to exit for a restart."""
+        if peer not in self.told_to_restart:
+            self.told_to_restart.add(peer)
+            try:
+                await self.hub.send(peer, Shutdown(reason=f"{peer} was declared lost; its work went to other workers", restart=True))
+            except PeerLost:
+                pass
+        if not isinstance(msg, (Heartbeat, WorkerStats)):
+            self.orch.ledger.rejected[f"{type(msg).__name__} from a worker declared lost"] += 1
+
+    def _regroup(self, reason: str) -> None:
+        self.announced = [r for r in self.rollouts if r in self.alive]
+        self.rank_offsets = self._offsets(self.announced)
+        world = sum(self.engine_ranks[r] for r in self.announced)
+        self.orch.outbox.append(("trainer", Regroup(inference_world_size=world, members=list(self.announced), reason=reason)))
 
     async def _tick(self) -> None:
         t = self.cfg.transport
         while True:
             await asyncio.sleep(t.heartbeat_s)
             for peer in self.peers:
-                await self.hub.send(peer, Heartbeat(sent_at=time.time()))
-            silent = self.hub.silent_peers(self.peers, t.liveness_timeout_s)
+                if peer not in self.alive:
+                    continue
+                try:
+                    await self.hub.send(peer, Heartbeat(sent_at=time.time()))
+                except PeerLost:
+                    if not self.tolerant or peer == "trainer":
+                        raise
+                    self._lose(peer, "its connection is gone")
+            if self.tolerant:  # what a lost worker held is dispatched by the next _pump
+                workers = [p for p in self.rollouts + self.rewards if p in self.alive]
+                for peer in self.hub.silent_peers(workers, self.cfg.fault.worker_timeout_s):
+                    self._lose(peer, f"silent for {self.cfg.fault.worker_timeout_s:.0f}s")
+                self._check_some_alive()
+                silent = self.hub.silent_peers(["trainer"], t.liveness_timeout_s)
+            else:
+                silent = self.hub.silent_peers(self.peers, t.liveness_timeout_s)
             if silent:
                 raise PeerLost(f"no message for {t.liveness_timeout_s:.0f}s from: {', '.join(silent)}")
+
+    def _check_some_alive(self) -> None:
+        """With every rollout (or reward) worker gone, wait for a restart at most startup_timeout_s."""
+        gone = not any(p in self.alive for p in self.rollouts) or not any(p in self.alive for p in self.rewards)
+        if not gone:
+            self.no_rollout_since = None
+            return
+        now = time.monotonic()
+        self.no_rollout_since = self.no_rollout_since or now
+        if now - self.no_rollout_since > self.cfg.transport.startup_timeout_s:
+            raise PeerLost(f"no rollout or no reward worker for {self.cfg.transport.startup_timeout_s:.0f}s")
 
     async def _broadcast(self, msg: Message) -> None:
         for peer in self.peers:
@@ -316,7 +453,13 @@ class Coordinator:
         books["rejected_frames"] = dict(self.hub.rejected)
         books["trained_steps"] = self.orch.trained_version
         books["finished"] = self.orch.done
+        books["groups_untrained_at_finish"] = self._untrained()
         (self.run_dir / "ledger.json").write_text(json.dumps(books, indent=2))
+
+    def _untrained(self) -> list[str]:
+        """Groups admitted but not trained when the run stopped: for the exactly-once audit."""
+        groups = list(self.orch.buffer.groups.values()) + [g for gs in self.orch.batch_groups.values() for g in gs]
+        return sorted(g.admission.group_id for g in groups)
 
 
 def truncate_metrics(path: Path, version: int) -> None:

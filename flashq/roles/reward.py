@@ -15,7 +15,7 @@ from flashq.metrics import BusyClock
 from flashq.protocol import Heartbeat, RewardResult, ScoreRequest, Shutdown, WorkerStats
 from flashq.rewards.runner import RewardRunner
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
-from flashq.transport import Link
+from flashq.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.reward")
 
@@ -73,6 +73,8 @@ class RewardWorker:
             if isinstance(msg, ScoreRequest):
                 tg.create_task(self._score(msg))
             elif isinstance(msg, Shutdown):
+                if msg.restart:
+                    raise PeerLost(msg.reason)
                 return
             elif not isinstance(msg, Heartbeat):
                 log.warning("%s: ignoring unexpected %s", self.role, type(msg).__name__)

@@ -28,7 +28,7 @@ from flashq.protocol import (
     WorkerStats,
 )
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
-from flashq.transport import Link
+from flashq.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.rollout")
 
@@ -83,6 +83,8 @@ class RolloutWorker:
             elif isinstance(msg, WeightSyncCall):
                 tg.create_task(self._weight_sync(msg))
             elif isinstance(msg, Shutdown):
+                if msg.restart:
+                    raise PeerLost(msg.reason)
                 log.info("%s: shutdown (%s)", self.role, msg.reason)
                 return
             elif not isinstance(msg, Heartbeat):

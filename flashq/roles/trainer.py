@@ -3,6 +3,9 @@
 Torch work runs on one executor thread so the event loop keeps answering the socket (heartbeats,
 weight-sync replies) while a step computes. The weight broadcast is vLLM's trainer engine,
 whose calls to the inference side come back into this loop as `WeightSyncCall` round trips.
+When the set of rollout workers changes (`Regroup`: one died or a restarted one joined), the
+transfer group is rebuilt for the new set before the next push; a push that fails because a
+worker died mid-way is retried on the rebuilt group.
 With trainer.world_size > 1 only rank 0 runs this loop; the other ranks follow it
 (`_follow`), taking each batch from rank 0 (`trainer.parallel`).
 """
@@ -21,7 +24,7 @@ import numpy as np
 
 from flashq.checkpoint import step_dir
 from flashq.config import FlashqConfig
-from flashq.protocol import BatchRequest, Heartbeat, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
+from flashq.protocol import BatchRequest, Heartbeat, Regroup, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
 from flashq.trainer.parallel import broadcast_batch
 from flashq.transport import Link, PeerLost
@@ -40,6 +43,8 @@ class TrainerRole:
         self.replies: dict[int, asyncio.Future] = {}
         self.call_ids = itertools.count()
         self.shutdown = asyncio.Event()
+        self.regroup: Regroup | None = None  # the newest membership not yet built
+        self.regrouped = asyncio.Event()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
 
     async def run(self) -> None:
@@ -74,23 +79,23 @@ class TrainerRole:
 
         loop = self.loop
         ws = self.cfg.weight_sync
-        pusher = await loop.run_in_executor(
+        self.pusher = await loop.run_in_executor(
             self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, start.inference_world_size, self.port, learner.device)
         )
         train = (lambda batch: learner.train_step(broadcast_batch(batch, learner.ranks))) if learner.ranks.sharded else learner.train_step
-        log.info("weight transfer group ready (%s)", pusher.backend)
+        log.info("weight transfer group ready (%s)", self.pusher.backend)
         if learner.version > 0:  # resumed: the engines start from the base model; give them ours
-            sync_s = await loop.run_in_executor(self.pool, pusher.push, learner.version)
+            sync_s = await self._push(learner)
             log.info("engines now serve the checkpoint's weights (version %d, %.2fs)", learner.version, sync_s)
         await self.link.send(BatchRequest(credits=2))  # one batch in hand, one being assembled
         for step in range(learner.version, self.cfg.trainer.steps):
             t_wait = time.monotonic()
-            batch = await self.batches.get()
+            batch = await self._next_batch(learner)
             wait_s = time.monotonic() - t_wait
             if step + 1 < self.cfg.trainer.steps:
                 await self.link.send(BatchRequest(credits=1))
             metrics = await loop.run_in_executor(self.pool, train, batch)
-            sync_s = await loop.run_in_executor(self.pool, pusher.push, learner.version)
+            sync_s = await self._push(learner)
             metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s})
             record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
             if self._checkpoint_due(learner.version):
@@ -106,7 +111,62 @@ class TrainerRole:
             await asyncio.wait_for(self.shutdown.wait(), self.cfg.transport.liveness_timeout_s)
         except asyncio.TimeoutError:
             raise PeerLost("trained every step but the coordinator never said shutdown") from None
-        await loop.run_in_executor(self.pool, pusher.close)
+        await loop.run_in_executor(self.pool, self.pusher.close)
+
+    async def _next_batch(self, learner) -> TrainBatch:
+        """The next batch. If the rollout workers change while waiting, push the current
+        weights to the new group now: a restarted worker serves nothing until it has them."""
+        while True:
+            get = asyncio.ensure_future(self.batches.get())
+            regrouped = asyncio.ensure_future(self.regrouped.wait())
+            done, _ = await asyncio.wait({get, regrouped}, return_when=asyncio.FIRST_COMPLETED)
+            if get in done:
+                regrouped.cancel()
+                return get.result()
+            get.cancel()
+            if self.regroup is None:
+                self.regrouped.clear()
+                continue
+            sync_s = await self._push(learner)
+            log.info("version %d pushed to the new group while waiting for a batch (%.2fs)", learner.version, sync_s)
+
+    async def _push(self, learner) -> float:
+        """Push the current weights, first rebuilding the transfer group if the rollout workers
+        changed. If a worker dies mid-push, wait for the coordinator's Regroup and push again."""
+        loop, tries = self.loop, 0
+        while True:
+            try:
+                if self.regroup is not None:
+                    await self._rebuild(learner)
+                return await loop.run_in_executor(self.pool, self.pusher.push, learner.version)
+            except Exception as e:  # noqa: BLE001 - retried only when the worker set changed
+                tries += 1
+                if not self.cfg.fault.restart_workers or learner.ranks.sharded or tries > 5:
+                    raise
+                log.warning("weight push %d failed (%s); waiting for the rollout workers to regroup", learner.version, e)
+                try:
+                    await asyncio.wait_for(self.regrouped.wait(), self.cfg.fault.worker_timeout_s + self.cfg.transport.heartbeat_s * 2)
+                except asyncio.TimeoutError:
+                    raise RuntimeError(f"weight push {learner.version} failed and no rollout worker was lost: {e}") from e
+
+    async def _rebuild(self, learner) -> None:
+        from flashq.engine.weights import WeightPusher
+
+        regroup, self.regroup = self.regroup, None
+        self.regrouped.clear()
+        ws = self.cfg.weight_sync
+        await self.loop.run_in_executor(self.pool, self.pusher.close)
+        self.port = ws.port or free_port(ws.host)  # a fresh rendezvous: the old store may linger
+        try:
+            self.pusher = await self.loop.run_in_executor(
+                self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, regroup.inference_world_size, self.port, learner.device)
+            )
+        except Exception:
+            if self.regroup is None:  # nothing newer arrived: build this membership again on the retry
+                self.regroup = regroup
+                self.regrouped.set()
+            raise
+        log.info("weight transfer group rebuilt for %s (%s)", ", ".join(regroup.members) or "no rollout worker", regroup.reason)
 
     def _follow(self, learner) -> None:
         """Ranks other than 0: the same steps, pushes and checkpoints, in lockstep with rank 0
@@ -154,6 +214,9 @@ class TrainerRole:
                     log.warning("weight sync reply for unknown call %d", msg.call_id)
                 else:
                     fut.set_result(msg)
+            elif isinstance(msg, Regroup):
+                self.regroup = msg
+                self.regrouped.set()
             elif isinstance(msg, Shutdown):
                 self.shutdown.set()
             elif not isinstance(msg, Heartbeat):

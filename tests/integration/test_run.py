@@ -88,8 +88,9 @@ def _flashq_processes(run_dir):
 
 
 def test_a_killed_role_stops_the_run_and_is_named(tmp_path):
+    """With restarts off (fault.restart_workers=false), a dead worker ends the run, named."""
     proc = subprocess.Popen(
-        launch_cmd(tmp_path, ["trainer.steps=100000"]), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        launch_cmd(tmp_path, ["trainer.steps=100000", "fault.restart_workers=false"]), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, HF_HUB_OFFLINE="1"),
     )
     out = []

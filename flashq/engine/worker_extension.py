@@ -1,0 +1,14 @@
+"""Methods flashq adds to vLLM's worker (vLLM's `worker_extension_cls`), called by name through
+`collective_rpc` so nothing but a string crosses vLLM's engine boundary."""
+
+from __future__ import annotations
+
+
+class FlashqWorkerExtension:
+    def flashq_abandon_weight_update(self) -> None:
+        """Forget a weight update whose push broke off (a rollout worker died mid-way), so the
+        next one can start. Layers it had not reloaded stay staged and the next push reloads
+        every layer; generation stays paused until then."""
+        if getattr(self, "_weight_update_active", False):
+            self._weight_update_active = False
+            self.weight_transfer_engine.reset_weight_update_target()

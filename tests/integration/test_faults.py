@@ -1,0 +1,101 @@
+"""Killing roles in the middle of a real run: workers are restarted and their work re-queued,
+a killed trainer resumes the run from its checkpoint; every sample is trained exactly once."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tests.integration.helpers import ROOT, launch_cmd, read_jsonl, trained_requests
+
+pytestmark = pytest.mark.slow
+
+
+class Run:
+    """`flashq launch` in a subprocess, with its output collected as it comes."""
+
+    def __init__(self, run_dir, overrides):
+        self.run_dir = run_dir
+        self.proc = subprocess.Popen(launch_cmd(run_dir, overrides), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self.reader.start()
+
+    def wait_for(self, text: str, timeout: float = 300) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for line in list(self.lines):
+                if text in line:
+                    return line
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        raise AssertionError(f"never saw {text!r}:\n" + "".join(self.lines[-60:]))
+
+    def steps(self) -> int:
+        path = self.run_dir / "metrics.jsonl"
+        return max((r["step"] for r in read_jsonl(path) if r.get("kind") == "step"), default=0) if path.exists() else 0
+
+    def wait_steps(self, n: int, timeout: float = 300) -> None:
+        deadline = time.time() + timeout
+        while self.steps() < n:
+            assert time.time() < deadline and self.proc.poll() is None, "".join(self.lines[-60:])
+            time.sleep(0.5)
+
+    def pid(self, role: str, nth: int = 1) -> int:
+        """The pid the coordinator reported for the nth connection of `role`."""
+        hits = [line for line in list(self.lines) if f"{role} connected (pid" in line or f"{role} rejoined (pid" in line]
+        assert len(hits) >= nth, "".join(self.lines[-60:])
+        return int(hits[nth - 1].split("(pid ")[1].split()[0].rstrip(")"))
+
+
+def audit(run_dir, group_size: int):
+    """Every admitted group is trained whole exactly once, or still untrained when the run ended."""
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    trained = trained_requests(run_dir)
+    ids = [rid for _, rid, _, _ in trained]
+    assert len(ids) == len(set(ids)), "a sample was trained twice"
+    groups: dict[str, int] = {}
+    for rid in ids:
+        gid = rid.rsplit("/", 1)[0]
+        groups[gid] = groups.get(gid, 0) + 1
+    assert all(n == group_size for n in groups.values()), "a group was trained in part"
+    admitted = {f"g{i}" for i in range(ledger["groups_admitted"])}
+    untrained = set(ledger["groups_untrained_at_finish"])
+    assert set(groups) | untrained == admitted and not set(groups) & untrained, "a group was lost"
+    return ledger
+
+
+def test_killed_workers_are_restarted_and_their_work_requeued(tmp_path):
+    run = Run(tmp_path, ["async_ratio=1", "trainer.steps=300", "reward.num_workers=2", "fault.worker_timeout_s=20"])
+    run.wait_steps(3)
+    os.kill(run.pid("rollout-1"), signal.SIGKILL)
+    run.wait_for("rollout-1 serves version")  # restarted, in the rebuilt weight group, taking requests
+    os.kill(run.pid("reward-1"), signal.SIGKILL)
+    run.wait_for("reward-1 rejoined")
+    rc = run.proc.wait(timeout=600)
+    assert rc == 0, "".join(run.lines[-80:])
+    ledger = audit(tmp_path, group_size=4)
+    lost = [f["peer"] for f in read_jsonl(tmp_path / "faults.jsonl") if f["event"] == "lost"]
+    assert lost == ["rollout-1", "reward-1"]
+    assert ledger["trained_steps"] == 300 and ledger["finished"]
+    assert ledger["workers_lost"] == {"rollout-1": 1, "reward-1": 1}
+    restarts = read_jsonl(tmp_path / "restarts.jsonl")
+    assert [r["role"] for r in restarts] == ["rollout-1", "reward-1"] and all(r["status"] == -9 for r in restarts)
+
+
+def test_a_killed_trainer_resumes_from_its_checkpoint_without_losing_or_repeating_samples(tmp_path):
+    run = Run(tmp_path, ["async_ratio=1", "trainer.steps=24", "trainer.checkpoint_every=4", "rollout.num_workers=1"])
+    run.wait_steps(9)
+    os.kill(run.pid("trainer"), signal.SIGKILL)
+    run.wait_for("resuming from")
+    rc = run.proc.wait(timeout=600)
+    assert rc == 0, "".join(run.lines[-80:])
+    audit(tmp_path, group_size=4)
+    steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
+    assert steps == list(range(1, 25))  # steps after the checkpoint were redone, not logged twice
