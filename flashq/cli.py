@@ -21,11 +21,15 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashq", description="Fast asynchronous RL post-training on vLLM.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    launch = sub.add_parser("launch", help="start all roles of a run locally")
+    launch = sub.add_parser("launch", help="start all roles of a run (on this machine, or on a Ray cluster)")
     launch.add_argument("config", type=Path, help="YAML config (see configs/)")
     launch.add_argument("overrides", nargs="*", help="key=value overrides, e.g. async_ratio=2 trainer.steps=50")
     launch.add_argument("--dry-run", action="store_true", help="print each role's resolved config and command, start nothing")
     launch.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live progress panel")
+    launch.add_argument(
+        "--backend", choices=["local", "ray"], default="local",
+        help="local: every role a process on this machine; ray: every role a Ray actor on the cluster at ray.address",
+    )
     launch.add_argument(
         "--resume", nargs="?", const="latest", metavar="RUN_DIR",
         help="continue a stopped run from its last checkpoint (default: the newest run of this config's name)",
@@ -100,7 +104,7 @@ def _launch(args) -> int:
     if args.dry_run:
         print(dry_run(cfg))
         return 0
-    return Launcher(cfg, show_progress=False if args.no_progress else None).run()
+    return Launcher(cfg, show_progress=False if args.no_progress else None, backend=args.backend).run()
 
 
 def _sft(args) -> int:

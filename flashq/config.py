@@ -261,6 +261,30 @@ class LogConfig(Section):
     vllm_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("WARNING", description="vLLM's own log level.")
 
 
+class RayRoleResources(Section):
+    """What Ray reserves for one role's actor. `resources` names custom node resources, which is
+    how a role is pinned to a kind of node (e.g. {"inference_node": 1})."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict)
+
+
+class RayConfig(Section):
+    """`flashq launch --backend ray`: each role is a Ray actor on whichever node Ray places it.
+    The run directory must be on a filesystem every node sees (checkpoints, metrics, logs)."""
+
+    address: str = Field("auto", description='The Ray cluster to join: "auto" (a running `ray start` cluster) or host:port.')
+    coordinator: RayRoleResources = RayRoleResources()
+    rollout: RayRoleResources = Field(
+        default_factory=RayRoleResources, description="Per rollout worker; on GPUs set num_gpus to rollout.tensor_parallel_size."
+    )
+    reward: RayRoleResources = RayRoleResources()
+    trainer: RayRoleResources = Field(
+        default_factory=RayRoleResources, description="The trainer and all its ranks (one node); on GPUs num_gpus = trainer.world_size."
+    )
+
+
 class FaultConfig(Section):
     """What a run does when a role dies. Rollout and reward workers are restarted in place (their
     work goes to the others meanwhile); a trainer or coordinator failure restarts the whole run
@@ -297,6 +321,7 @@ class FlashqConfig(Section):
     placement: PlacementConfig = PlacementConfig()
     log: LogConfig = LogConfig()
     fault: FaultConfig = FaultConfig()
+    ray: RayConfig = RayConfig()
     resume_from: Path | None = Field(None, description="A checkpoint directory to continue from (set by `flashq launch --resume`).")
 
     @model_validator(mode="after")

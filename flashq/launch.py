@@ -35,6 +35,31 @@ COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_gr
 GRACE_S = 15.0
 
 
+class LocalProcess:
+    """A role as a child of the launcher, in its own process group (so its vLLM engine
+    processes are signalled with it)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, cmd: list[str], env: dict[str, str], cpus: list[int]) -> LocalProcess:
+        return cls(await asyncio.create_subprocess_exec(
+            *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_pin(cpus),
+        ))
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    async def readline(self) -> bytes:
+        return await self.proc.stdout.readline()
+
+    def signal(self, sig: int) -> None:
+        _signal_group(self.proc.pid, sig)
+
+
 @dataclass
 class RoleProcess:
     name: str
@@ -43,7 +68,7 @@ class RoleProcess:
     log_path: Path
     color: str
     cpus: list[int] = field(default_factory=list)
-    proc: asyncio.subprocess.Process | None = None
+    proc: LocalProcess | None = None  # or a `ray_backend.RayProcess`: the same four members
     tail: deque = field(default_factory=lambda: deque(maxlen=30))
 
 
@@ -121,7 +146,8 @@ def dry_run(cfg: FlashqConfig) -> str:
 
 
 class Launcher:
-    def __init__(self, cfg: FlashqConfig, show_progress: bool | None = None):
+    def __init__(self, cfg: FlashqConfig, show_progress: bool | None = None, backend: str = "local"):
+        """backend "ray": every role runs in a Ray actor wherever Ray places it (`ray_backend`)."""
         from rich.console import Console
 
         self.cfg = cfg
@@ -131,9 +157,12 @@ class Launcher:
         self.roles: list[RoleProcess] = []
         self.stopping = False
         self.restarts = 0
+        self.backend = backend
+        self.ray = None
 
     def run(self) -> int:
-        check_placement(self.cfg)
+        if self.backend == "local":
+            check_placement(self.cfg)
         if self.cfg.env is not None:  # a wrong env name fails here, not in every rollout worker
             from flashq.envs.base import load_env_class
 
@@ -151,12 +180,16 @@ class Launcher:
             code = await self._warm_start()
             if code:
                 return code
-        while True:
-            code = await self._run_roles()
-            if code != RESUME:
-                return code
-            self.cfg = resolve_run(resume_config(self.cfg, str(self.run_dir), []))
-            self.say(f"[bold yellow]resuming from {self.cfg.resume_from}[/]")
+        try:
+            while True:
+                code = await self._run_roles()
+                if code != RESUME:
+                    return code
+                self.cfg = resolve_run(resume_config(self.cfg, str(self.run_dir), []))
+                self.say(f"[bold yellow]resuming from {self.cfg.resume_from}[/]")
+        finally:
+            if self.ray is not None:
+                self.ray.close()
 
     def _can_restart(self, role: RoleProcess) -> bool:
         f = self.cfg.fault
@@ -166,7 +199,8 @@ class Launcher:
             return f.restart_workers
         from flashq import checkpoint
 
-        return f.resume_run and checkpoint.latest(self.run_dir) is not None
+        latest = checkpoint.latest(self.run_dir)
+        return f.resume_run and latest is not None and checkpoint.version_of(latest) < self.cfg.trainer.steps
 
     def _record_restart(self, role: RoleProcess, status: int, action: str) -> None:
         self.restarts += 1
@@ -176,10 +210,10 @@ class Launcher:
             f.write(json.dumps({"time": time.time(), "role": role.name, "status": status, "action": action}) + "\n")
 
     async def _start(self, role: RoleProcess) -> None:
-        role.proc = await asyncio.create_subprocess_exec(
-            *role.cmd, env=role.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_pin(role.cpus),
-        )
+        if self.ray is not None:
+            role.proc = await self.ray.start(role)
+        else:
+            role.proc = await LocalProcess.start(role.cmd, role.env, role.cpus)
 
     async def _run_roles(self) -> int:
         """Start every role and watch them until the run finishes (0), fails (1), is interrupted
@@ -187,6 +221,12 @@ class Launcher:
         from flashq.roles.common import resolve_model
 
         config_file = self.run_dir / "config.yaml"
+        if self.backend == "ray":
+            from flashq.ray_backend import RayRoles
+
+            self.ray = self.ray or RayRoles(self.cfg)
+            self.cfg = self.ray.place(self.cfg)  # each role's actor; the addresses of the nodes they landed on
+            self.say(f"ray: {self.ray.describe()}")
         dump_config(self.cfg, config_file)
         resolve_model(self.cfg)  # build the tiny model once, before the roles race to it
         self.roles = role_specs(self.cfg, config_file)
@@ -228,7 +268,7 @@ class Launcher:
                             code = RESUME
                             break
                         self._record_restart(role, status, "starting it again")
-                        _signal_group(role.proc.pid, signal.SIGKILL)  # its engine may outlive it
+                        role.proc.signal(signal.SIGKILL)  # its engine may outlive it
                         await self._start(role)
                         pumps.append(asyncio.create_task(self._pump_output(role)))
                         restarted = asyncio.create_task(_exit_status(role.proc))
@@ -335,22 +375,22 @@ class Launcher:
         self.stopping = True
         alive = [r for r in self.roles if r.proc is not None and r.proc.returncode is None]
         for r in alive:
-            _signal_group(r.proc.pid, signal.SIGTERM)
+            r.proc.signal(signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         for r in alive:
             try:
                 await asyncio.wait_for(_exit_status(r.proc), max(0.1, deadline - time.monotonic()))
             except asyncio.TimeoutError:
-                _signal_group(r.proc.pid, signal.SIGKILL)
+                r.proc.signal(signal.SIGKILL)
                 await _exit_status(r.proc)
         for r in self.roles:  # engine subprocesses outlive their role if it was killed hard
             if r.proc is not None:
-                _signal_group(r.proc.pid, signal.SIGKILL)
+                r.proc.signal(signal.SIGKILL)
 
     async def _pump_output(self, role: RoleProcess) -> None:
         with role.log_path.open("a") as log_file:
             while True:
-                raw = await role.proc.stdout.readline()
+                raw = await role.proc.readline()
                 if not raw:
                     return
                 line = raw.decode(errors="replace").rstrip()
@@ -403,7 +443,7 @@ def _pin(cpus: list[int]):
     return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
-async def _exit_status(proc: asyncio.subprocess.Process) -> int:
+async def _exit_status(proc: LocalProcess) -> int:
     """The role's exit status as soon as it exits. (`Process.wait()` also waits for the output
     pipe to close, which a surviving child of the role, e.g. a vLLM engine, can hold open.)"""
     while proc.returncode is None:

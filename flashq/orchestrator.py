@@ -14,7 +14,6 @@ The `Ledger` counts every sample at every stage, so none is lost or trained twic
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import Counter
@@ -404,7 +403,8 @@ class Orchestrator:
                 )
                 for g in groups
             ],
-            ledger=dataclasses.asdict(self.ledger),
+            # not dataclasses.asdict: it rebuilds a Counter from its items, turning (key, count) into keys
+            ledger={k: dict(v) if isinstance(v, Counter) else v for k, v in vars(self.ledger).items()},
         )
 
     def restore(self, state: OrchestratorState) -> None:

@@ -89,3 +89,16 @@ def test_with_every_rollout_worker_lost_requests_wait_instead_of_failing():
     orch.pump()
     back = sent(orch, GenerateRequest)
     assert len(back) == n and {p for p, _ in back} == {"rollout-0"}
+
+
+def test_a_checkpoint_keeps_the_loss_counts_as_they_were():
+    from flashq.checkpoint import decode_state, encode_state
+
+    orch = make(["async_ratio=0"])
+    orch.pump()
+    drain(orch)
+    orch.on_worker_lost("rollout-1")
+    state = decode_state(encode_state(orch.snapshot(0)))
+    again = make(["async_ratio=0"])
+    again.restore(state)
+    assert dict(again.ledger.workers_lost) == {"rollout-1": 1}

@@ -1,0 +1,42 @@
+"""`flashq launch --backend ray` on a local Ray cluster of three nodes on this machine: the
+coordinator, rollout workers and trainer each pinned by a custom resource to their own node."""
+
+import pytest
+
+from tests.integration.helpers import ROOT, launch_cmd, read_jsonl, trained_requests
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 1}, "object_store_memory": 100 << 20})
+    c.add_node(num_cpus=2, resources={"inference_node": 1}, object_store_memory=100 << 20)
+    c.add_node(num_cpus=2, resources={"train_node": 1}, object_store_memory=100 << 20)
+    c.wait_for_nodes()
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_quickstart_runs_on_a_multi_node_ray_cluster(tmp_path, cluster):
+    import subprocess
+
+    overrides = [
+        f"ray.address={cluster.address}", "trainer.steps=6", "async_ratio=1",
+        "ray.coordinator.resources={head_node: 0.5}", "ray.reward.resources={head_node: 0.5}",
+        "ray.rollout.resources={inference_node: 0.5}", "ray.trainer.resources={train_node: 1}",
+    ]
+    proc = subprocess.run([*launch_cmd(tmp_path, overrides), "--backend", "ray"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    placed = next(line for line in proc.stdout.splitlines() if line.startswith("ray: "))
+    assert "3 node(s)" in placed
+    where = dict(part.split(" on ") for part in placed.split(": ", 2)[2].split(", "))
+    assert where["rollout-0"].split()[:2] == where["rollout-1"].split()[:2]  # both on the inference node
+    assert len({where["coordinator"].split()[1], where["rollout-0"].split()[1], where["trainer"].split()[1]}) == 3
+    ids = [rid for _, rid, _, _ in trained_requests(tmp_path)]
+    assert len(ids) == len(set(ids)) == 6 * 4 * 4  # every sample of every step trained once
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"] == list(range(1, 7))
