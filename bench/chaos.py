@@ -97,7 +97,7 @@ def chaos(run: LaunchedRun, steps: int, kills: int, trainer_at: float, seed: int
     done: list[dict] = []
     trainer_killed = False
     while run.proc.poll() is None and len(done) < kills:
-        time.sleep(rng.uniform(6, 14))
+        time.sleep(rng.uniform(4, 10))
         step = run.steps()
         if step < 2:
             continue
@@ -106,9 +106,11 @@ def chaos(run: LaunchedRun, steps: int, kills: int, trainer_at: float, seed: int
             trainer_killed = True
         else:
             live = [r for r in ("rollout-0", "rollout-1", "reward-0", "reward-1") if run.alive(r)]
-            if len(live) < 4:  # one still recovering: let it come back first
+            # never the last live worker of its kind: the run must keep going to be measured
+            spare = [r for r in live if sum(x.split("-")[0] == r.split("-")[0] for x in live) > 1]
+            if not spare:
                 continue
-            victim = rng.choices(live, weights=[1 if r.startswith("rollout") else 2 for r in live])[0]
+            victim = rng.choices(spare, weights=[1 if r.startswith("rollout") else 2 for r in spare])[0]
         pid = run.pids[victim]
         kill_group(pid)
         done.append({"time": time.time(), "role": victim, "pid": pid, "step": step})
@@ -156,9 +158,9 @@ def recovery(kills: list[dict], events: list[dict], restarts: list[dict]) -> lis
         row["detected_s"] = lost["time"] - k["time"] if lost else None
         row["rejoined_s"] = back["time"] - k["time"] if back else None
         row["serving_s"] = serving["time"] - k["time"] if serving else (row["rejoined_s"] if k["role"].startswith("reward") else None)
-        if k["role"] == "trainer":
-            resumed = next((r for r in restarts if r["role"] == "trainer" and r["time"] >= k["time"] - 0.5), None)
-            row["rejoined_s"] = resumed["time"] - k["time"] if resumed else None
+        if k["role"] == "trainer":  # back: every role of the resumed run connected again
+            started = next((e for e in events if e["event"] == "started" and e["time"] >= k["time"]), None)
+            row["rejoined_s"] = started["time"] - k["time"] if started else None
         out.append(row)
     return out
 
@@ -233,9 +235,9 @@ def main() -> None:
     }
     path = write_result("chaos", {"runs": rows, "fuzz": fuzzed}, figures, notes=(
         "Both runs: the tiny model, 2 rollout + 2 reward workers, async_ratio 2, checkpoints every 10 steps, on this "
-        "machine's 2 cores. Kills are SIGKILL to a role's process group every 6-14 s (a worker only while all four are "
-        "up; the trainer once, 40% of the way). noticed: kill -> the coordinator declares the worker lost; back: -> it "
-        "says hello again (trainer: -> the launcher resumes the run); serving: -> a restarted rollout worker serves the "
+        "machine's 2 cores. Kills are SIGKILL to a role's process group every 4-10 s (a worker only while another of its kind "
+        "is up; the trainer once, 40% of the way). noticed: kill -> the coordinator declares the worker lost; back: -> it "
+        "says hello again (trainer: -> every role of the resumed run connected); serving: -> a restarted rollout worker serves the "
         "current weights. throughput_vs_no_kills: training steps per second, chaos run / calm run."))
     print(f"figures: {json.dumps(figures)}\nwrote {path}")
 

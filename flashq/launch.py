@@ -192,8 +192,10 @@ class Launcher:
                 self.ray.close()
 
     def _can_restart(self, role: RoleProcess) -> bool:
+        """Only once every role of this start has connected: a role that fails while the run starts
+        up (a bad config, a missing package) would fail again, so it is reported instead."""
         f = self.cfg.fault
-        if self.restarts >= f.max_restarts or self._coordinator_done() or self.stopping:
+        if self.restarts >= f.max_restarts or self._coordinator_done() or self.stopping or not self._run_started():
             return False
         if role.name.startswith(("rollout-", "reward-")):
             return f.restart_workers
@@ -201,6 +203,11 @@ class Launcher:
 
         latest = checkpoint.latest(self.run_dir)
         return f.resume_run and latest is not None and checkpoint.version_of(latest) < self.cfg.trainer.steps
+
+    def _run_started(self) -> bool:
+        """The coordinator writes `started.json` once every role has connected."""
+        started = self.run_dir / "started.json"
+        return started.exists() and started.stat().st_mtime >= self.roles_started_at
 
     def _record_restart(self, role: RoleProcess, status: int, action: str) -> None:
         self.restarts += 1
@@ -235,6 +242,7 @@ class Launcher:
         loop.add_signal_handler(signal.SIGINT, interrupted.set)
         loop.add_signal_handler(signal.SIGTERM, interrupted.set)
         self.stopping = False
+        self.roles_started_at = time.time()
         for r in self.roles:
             await self._start(r)
         pumps = [asyncio.create_task(self._pump_output(r)) for r in self.roles]

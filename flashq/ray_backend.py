@@ -64,18 +64,23 @@ class RoleHost:
         for line in proc.stdout:
             self.lines.append(line)
 
-    def read(self) -> list[str] | None:
-        """New output lines; None once the process has exited and everything was read."""
+    def read(self, pid: int) -> list[str] | None:
+        """New output lines of process `pid`; None once it has exited and everything was read
+        (or a restart replaced it)."""
+        if self.proc is None or self.proc.pid != pid:
+            return None
         out = [self.lines.popleft() for _ in range(len(self.lines))]
-        if not out and self.proc is not None and self.proc.poll() is not None and not self.reader.is_alive():
+        if not out and self.proc.poll() is not None and not self.reader.is_alive():
             return None
         return out
 
-    def poll(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+    def poll(self, pid: int) -> int | None:
+        if self.proc is None or self.proc.pid != pid:
+            return -signal.SIGKILL  # replaced by a restart: it is gone
+        return self.proc.poll()
 
-    def signal(self, sig: int) -> None:
-        if self.proc is not None:
+    def signal(self, pid: int, sig: int) -> None:
+        if self.proc is not None and self.proc.pid == pid:
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
@@ -97,14 +102,14 @@ class RayProcess:
         while self.returncode is None:
             await asyncio.sleep(POLL_S)
             try:
-                self.returncode = await self.host.poll.remote()
+                self.returncode = await self.host.poll.remote(self.pid)
             except ray.exceptions.RayError:
                 self.returncode = -signal.SIGKILL
 
     async def readline(self) -> bytes:
         while not self.buffer:
             try:
-                lines = await self.host.read.remote()
+                lines = await self.host.read.remote(self.pid)
             except ray.exceptions.RayError:
                 return b""
             if lines is None:
@@ -115,7 +120,7 @@ class RayProcess:
         return self.buffer.popleft().encode()
 
     def signal(self, sig: int) -> None:
-        self.host.signal.remote(sig)
+        self.host.signal.remote(self.pid, sig)
 
 
 class RayRoles:
