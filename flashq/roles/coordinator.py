@@ -151,6 +151,8 @@ class Coordinator:
         for peer in self.peers:
             await self.hub.send(peer, Start(run_id=self.run_dir.name, inference_world_size=world, rank_offset=self.rank_offsets.get(peer, 0)))
         self.alive = set(self.peers)
+        now = time.monotonic()  # roles send no heartbeats while they wait for Start: count silence from here
+        self.hub.last_seen.update({p: now for p in self.peers})
         (self.run_dir / "started.json").write_text(json.dumps({"time": time.time(), "roles": self.peers}))
         self._fault({"peer": "coordinator", "event": "started", "version": self.orch.trained_version})
         log.info("all %d roles connected; %d inference rank(s); async_ratio=%g", len(self.peers), world, self.cfg.async_ratio)
