@@ -191,11 +191,14 @@ class Launcher:
             if self.ray is not None:
                 self.ray.close()
 
-    def _can_restart(self, role: RoleProcess) -> bool:
-        """Only once every role of this start has connected: a role that fails while the run starts
-        up (a bad config, a missing package) would fail again, so it is reported instead."""
+    def _can_restart(self, role: RoleProcess, status: int) -> bool:
+        """A role that exits with an error before every role of this start connected (a bad
+        config, a missing package) would fail again, so it is reported instead; one killed by a
+        signal is a fault at any time."""
         f = self.cfg.fault
-        if self.restarts >= f.max_restarts or self._coordinator_done() or self.stopping or not self._run_started():
+        if self.restarts >= f.max_restarts or self._coordinator_done() or self.stopping:
+            return False
+        if status > 0 and not self._run_started():
             return False
         if role.name.startswith(("rollout-", "reward-")):
             return f.restart_workers
@@ -270,7 +273,7 @@ class Launcher:
                 for task in done:
                     pending.discard(task)
                     role, status = exits[task], task.result()
-                    if status != 0 and self._can_restart(role):
+                    if status != 0 and self._can_restart(role, status):
                         if role.name in ("trainer", "coordinator"):
                             self._record_restart(role, status, "resuming the run from its newest checkpoint")
                             code = RESUME
