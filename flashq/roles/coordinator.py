@@ -81,7 +81,7 @@ class Coordinator:
         self.group: list[str] = []  # rollout workers in the trainer's current weight-transfer group
         self.announced: list[str] = []  # rollout workers the trainer was last told to build a group for
         self.awaiting_weights: set[str] = set()  # restarted rollout workers that do not serve the weights yet
-        self.no_rollout_since: float | None = None
+        self.none_alive_since: float | None = None
         self.told_to_restart: set[str] = set()
 
     async def run(self) -> None:
@@ -372,11 +372,11 @@ class Coordinator:
         """With every rollout (or reward) worker gone, wait for a restart at most startup_timeout_s."""
         gone = not any(p in self.alive for p in self.rollouts) or not any(p in self.alive for p in self.rewards)
         if not gone:
-            self.no_rollout_since = None
+            self.none_alive_since = None
             return
         now = time.monotonic()
-        self.no_rollout_since = self.no_rollout_since or now
-        if now - self.no_rollout_since > self.cfg.transport.startup_timeout_s:
+        self.none_alive_since = self.none_alive_since or now
+        if now - self.none_alive_since > self.cfg.transport.startup_timeout_s:
             raise PeerLost(f"no rollout or no reward worker for {self.cfg.transport.startup_timeout_s:.0f}s")
 
     async def _broadcast(self, msg: Message) -> None:

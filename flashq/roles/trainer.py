@@ -75,13 +75,8 @@ class TrainerRole:
             record.close()
 
     async def _train(self, learner, start, record) -> None:
-        from flashq.engine.weights import WeightPusher
-
         loop = self.loop
-        ws = self.cfg.weight_sync
-        self.pusher = await loop.run_in_executor(
-            self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, start.inference_world_size, self.port, learner.device)
-        )
+        self.pusher = await self._open_pusher(learner, start.inference_world_size)
         train = (lambda batch: learner.train_step(broadcast_batch(batch, learner.ranks))) if learner.ranks.sharded else learner.train_step
         log.info("weight transfer group ready (%s)", self.pusher.backend)
         if learner.version > 0:  # resumed: the engines start from the base model; give them ours
@@ -149,18 +144,23 @@ class TrainerRole:
                 except asyncio.TimeoutError:
                     raise RuntimeError(f"weight push {learner.version} failed and no rollout worker was lost: {e}") from e
 
-    async def _rebuild(self, learner) -> None:
+    async def _open_pusher(self, learner, inference_world_size: int):
+        """The trainer's end of a weight-transfer group with the engines, hosted on self.port."""
         from flashq.engine.weights import WeightPusher
 
+        ws = self.cfg.weight_sync
+        return await self.loop.run_in_executor(
+            self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, inference_world_size, self.port, learner.device)
+        )
+
+    async def _rebuild(self, learner) -> None:
         regroup, self.regroup = self.regroup, None
         self.regrouped.clear()
         ws = self.cfg.weight_sync
         await self.loop.run_in_executor(self.pool, self.pusher.close)
         self.port = ws.port or free_port(ws.host)  # a fresh rendezvous: the old store may linger
         try:
-            self.pusher = await self.loop.run_in_executor(
-                self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, regroup.inference_world_size, self.port, learner.device)
-            )
+            self.pusher = await self._open_pusher(learner, regroup.inference_world_size)
         except Exception:
             if self.regroup is None:  # nothing newer arrived: build this membership again on the retry
                 self.regroup = regroup
