@@ -66,7 +66,7 @@ class RolloutEngine:
             seed=self.cfg.seed + self.worker_index,
             weight_transfer_config={"backend": backend},
             logprobs_mode="processed_logprobs",
-            disable_log_stats=True,
+            disable_log_stats=rc.speculation == "none",  # vLLM counts drafts and accepted tokens in its stats
         )
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = rc.gpu_memory_utilization
@@ -83,6 +83,21 @@ class RolloutEngine:
         kwargs.setdefault("worker_extension_cls", "flashq.engine.worker_extension.FlashqWorkerExtension")
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         await self.llm.update_weight_version("0")
+
+    def speculation_counters(self) -> dict[str, float]:
+        """vLLM's speculative-decoding counters since the engine started (empty without speculation):
+        verification steps with a draft, draft tokens, accepted draft tokens."""
+        if self.cfg.rollout.speculation == "none":
+            return {}
+        from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
+
+        names = {"vllm:spec_decode_num_drafts": "spec_drafts", "vllm:spec_decode_num_draft_tokens": "spec_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "spec_accepted_tokens"}
+        out = dict.fromkeys(names.values(), 0.0)
+        for metric in get_metrics_snapshot():
+            if isinstance(metric, Counter) and metric.name in names:
+                out[names[metric.name]] += float(metric.value)
+        return out
 
     @property
     def engine_ranks(self) -> int:

@@ -73,6 +73,7 @@ class Coordinator:
         self.worker_stats: dict[str, dict[str, float]] = {}
         self.prev_clock: dict[str, tuple[float, float]] = {}
         self.prev_tokens = 0
+        self.prev_spec: dict[str, tuple[float, float, float]] = {}  # rollout worker -> its last speculation counters
         self.started = time.monotonic()
         self.last_step_at = self.started
         self.tolerant = cfg.fault.restart_workers  # a lost worker is survivable, not fatal
@@ -448,7 +449,26 @@ class Coordinator:
         for peer, stats in self.worker_stats.items():
             if "weight_sync_s" in stats:
                 out[f"rollout/weight_sync_s/{peer}"] = stats["weight_sync_s"]
+        out.update(self._speculation())
         return out
+
+    def _speculation(self) -> dict[str, float]:
+        """Acceptance since the last step, from the rollout workers' vLLM counters: mean tokens per
+        verification step that had a draft (the bonus token included), and the share of draft
+        tokens accepted. A restarted worker's counters start again from zero."""
+        drafts = draft_tokens = accepted = 0.0
+        for peer, stats in self.worker_stats.items():
+            if "spec_drafts" not in stats:
+                continue
+            now = (stats["spec_drafts"], stats["spec_draft_tokens"], stats["spec_accepted_tokens"])
+            before = self.prev_spec.get(peer, (0.0, 0.0, 0.0))
+            if now[0] < before[0]:
+                before = (0.0, 0.0, 0.0)
+            drafts, draft_tokens, accepted = (a + n - b for a, n, b in zip((drafts, draft_tokens, accepted), now, before))
+            self.prev_spec[peer] = now
+        if not drafts:
+            return {}
+        return {"spec/acceptance_length": 1 + accepted / drafts, "spec/draft_acceptance_rate": accepted / max(draft_tokens, 1.0)}
 
     def _write_ledger(self) -> None:
         if not hasattr(self, "orch"):

@@ -150,6 +150,7 @@ class RolloutWorker:
                         "weight_sync_s": self.sync_s,
                         "version": float(self.engine.version),
                         **{k: float(v) for k, v in self.episode_counts.items()},
+                        **self.engine.speculation_counters(),
                     },
                 )
             )
