@@ -36,11 +36,18 @@ CONFIG = ROOT / "configs" / "agentic_calculator.yaml"
 
 
 class OwnOnly(GroupedDrafter):
-    """Drafts from the request's own prompt and output only."""
+    """Drafts from the request's own prompt and output only: every request is a group of one."""
 
-    def propose(self, request_id: str, max_tokens: int) -> list[int]:
-        req = self.requests[request_id]
-        return req.own.speculate(list(req.prompt_key[-self.max_depth:]) + req.output, max_tokens, self.min_prob)[0]
+    def start(self, request_id: str, group_id: str, prompt_ids) -> None:
+        super().start(request_id, request_id, prompt_ids)
+
+    def finish(self, request_id: str) -> None:
+        super().finish(request_id)
+        self.groups.pop(request_id, None)
+        self.finished.pop(request_id, None)
+
+    def finish_group(self, group_id: str) -> None:
+        pass
 
 
 class NoHistory(GroupedDrafter):

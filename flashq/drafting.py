@@ -1,141 +1,169 @@
 """Draft tokens from what sibling responses and earlier epochs already said (Seer, RhymeRL).
 
 The n responses to one prompt share most of their tokens, and a prompt's responses in the last
-epoch predict this epoch's. `SuffixIndex` counts every token sequence up to `max_depth` long in a
-set of growing sequences (a suffix trie, updated as tokens arrive); `speculate` matches the end of
-a context against it and follows the most frequent continuation while its probability stays
-above `min_prob`, scoring the draft by the sum of those probabilities (SuffixDecoding's rule).
+epoch predict this epoch's. `MatchIndex` remembers where each short n-gram (n in `orders`)
+occurred in a set of growing sequences; `speculate` finds the places where the end of a context
+occurred before and follows their continuations, one token at a time, taking the most frequent
+next token while the share of matches that agree on the whole path (its probability) stays above
+`min_prob`. The draft is scored by the sum of those probabilities (SuffixDecoding's rule), and the
+best of the match lengths wins. A token costs one dict append per order, which keeps drafting far
+cheaper than the verification it saves (a suffix trie costs a node per depth per token).
 
-`GroupedDrafter` keeps one index per group (every sibling's accepted tokens), one per prompt over
-its responses in earlier epochs (the last `history_epochs`), and one per request over its own
-prompt and output, and proposes the best-scoring draft of the three. Drafts are proposals only:
-verification by the target model keeps sampling exact (see `replay` for how acceptance works).
+`GroupedDrafter` keeps one index per group (every sibling's prompt tail and accepted tokens, the
+request's own output among them), one per prompt over its responses in earlier epochs (the last
+`history_epochs`), and one per request over its prompt, and proposes the best-scoring draft of the
+three. Drafts are proposals only: verification by the target model keeps sampling exact (see
+`replay` for how acceptance works).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
-
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
 
 PROMPT_TAIL = 4  # prompt tokens put before each response in the shared indexes
+MAX_MATCHES = 32  # most recent occurrences followed per draft
 
 
-class _Node:
-    __slots__ = ("count", "children")
+class MatchIndex:
+    def __init__(self, orders: tuple[int, ...] = (8, 4, 2, 1)):
+        self.orders = tuple(sorted(orders, reverse=True))
+        self.seqs: list[list[int]] = []
+        self.ids: dict[object, int] = {}
+        # hash of an n-gram -> where it occurred: (sequence index << 32) | position after it. Plain
+        # ints keep the garbage collector out of an index of millions of entries; a hash
+        # collision can only cost a rejected draft, never a wrong output.
+        self.table: dict[int, list[int]] = {}
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.children: dict[int, _Node] = {}
-
-
-class SuffixIndex:
-    def __init__(self, max_depth: int = 24):
-        self.max_depth = max_depth
-        self.root = _Node()
-        self.active: dict[object, list[_Node]] = {}  # per sequence: nodes of its current suffixes
+    def sequence(self, seq_id: object) -> list[int]:
+        i = self.ids.get(seq_id)
+        if i is None:
+            i = self.ids[seq_id] = len(self.seqs)
+            self.seqs.append([])
+        return self.seqs[i]
 
     def extend(self, seq_id: object, tokens) -> None:
-        """Append tokens to sequence `seq_id`, counting every new suffix up to max_depth."""
-        active = self.active.setdefault(seq_id, [])
+        """Append tokens to sequence `seq_id`, recording every n-gram that now ends at its tail."""
+        seq = self.sequence(seq_id)
+        base = self.ids[seq_id] << 32
+        table = self.table
         for t in tokens:
-            t = int(t)
-            grown = []
-            for node in [self.root, *active]:
-                child = node.children.get(t)
-                if child is None:
-                    child = node.children[t] = _Node()
-                child.count += 1
-                grown.append(child)
-            self.active[seq_id] = active = grown[: self.max_depth - 1]
+            seq.append(int(t))
+            end = len(seq)
+            for n in self.orders:
+                if end >= n:
+                    table.setdefault(hash(tuple(seq[end - n:])), []).append(base | end)
 
     def speculate(self, context, max_tokens: int, min_prob: float = 0.1) -> tuple[list[int], float]:
         """Best draft (and its score) continuing the end of `context`."""
         best: tuple[list[int], float] = ([], 0.0)
-        ctx = [int(t) for t in context[-(self.max_depth - 1):]]
-        for m in range(len(ctx), 0, -1):
-            node = self.root
-            for t in ctx[-m:]:
-                node = node.children.get(t)
-                if node is None:
-                    break
-            if node is None or not node.children:
+        seqs = self.seqs
+        for n in self.orders:
+            if len(context) < n:
                 continue
-            draft, score, prob = [], 0.0, 1.0
-            while len(draft) < max_tokens and node.children:
-                token, child = max(node.children.items(), key=lambda kv: kv[1].count)
-                prob *= child.count / node.count if node.count else 0.0
-                if prob < min_prob:
-                    break
-                draft.append(token)
-                score += prob
-                node = child
+            occurrences = self.table.get(hash(tuple(int(t) for t in context[-n:])))
+            if not occurrences:
+                continue
+            matches = [(seqs[code >> 32], code & 0xFFFFFFFF) for code in occurrences[-MAX_MATCHES:]]
+            draft, score = _follow([(seq, pos) for seq, pos in matches if pos < len(seq)], max_tokens, min_prob)
             if score > best[1]:
                 best = (draft, score)
+                if score >= max_tokens:  # every token certain: no shorter match can beat it
+                    break
         return best
+
+
+def _follow(matches: list[tuple[list[int], int]], max_tokens: int, min_prob: float) -> tuple[list[int], float]:
+    """Walk the matches' continuations: the most frequent next token while the share of
+    matches agreeing on the whole path stays at least `min_prob`."""
+    draft: list[int] = []
+    score, total = 0.0, len(matches)
+    while matches and len(draft) < max_tokens:
+        token, count = Counter(seq[pos] for seq, pos in matches).most_common(1)[0]
+        prob = count / total
+        if prob < min_prob:
+            break
+        draft.append(token)
+        score += prob
+        matches = [(seq, pos + 1) for seq, pos in matches if seq[pos] == token and pos + 1 < len(seq)]
+    return draft, score
 
 
 @dataclass
 class _Request:
     group_id: str
-    prompt_key: object
-    own: SuffixIndex
-    output: list[int] = field(default_factory=list)
+    prompt_key: tuple[int, ...]
+    prompt: MatchIndex
+    tail: int  # prompt tokens at the start of its sequence in the group index
 
 
 class GroupedDrafter:
-    def __init__(self, max_depth: int = 24, history_epochs: int = 2, min_prob: float = 0.1):
-        self.max_depth, self.min_prob = max_depth, min_prob
-        self.groups: dict[str, SuffixIndex] = {}
-        self.finished: dict[str, tuple[object, list[list[int]]]] = {}  # group -> (prompt, its responses)
-        self.history: dict[object, deque[list[list[int]]]] = {}  # prompt -> responses of its last epochs
-        self.history_index: dict[object, SuffixIndex] = {}
-        self.history_epochs = history_epochs
+    def __init__(self, history_epochs: int = 2, min_prob: float = 0.1, orders: tuple[int, ...] = (8, 4, 2, 1),
+                 max_history_prompts: int = 4096):
+        self.min_prob, self.orders = min_prob, orders
+        self.groups: dict[str, MatchIndex] = {}
+        self.finished: dict[str, tuple[tuple[int, ...], list[list[int]]]] = {}  # group -> (prompt, its responses)
+        self.history: OrderedDict[tuple[int, ...], deque[list[list[int]]]] = OrderedDict()  # prompt -> last epochs' responses
+        self.history_index: dict[tuple[int, ...], MatchIndex] = {}
+        self.history_epochs, self.max_history_prompts = history_epochs, max_history_prompts
         self.requests: dict[str, _Request] = {}
 
     def start(self, request_id: str, group_id: str, prompt_ids) -> None:
-        prompt = [int(t) for t in prompt_ids]
-        own = SuffixIndex(self.max_depth)
+        prompt = tuple(int(t) for t in prompt_ids)
+        own = MatchIndex(self.orders)
         own.extend("prompt", prompt)
-        self.requests[request_id] = _Request(group_id, tuple(prompt), own)
-        group = self.groups.setdefault(group_id, SuffixIndex(self.max_depth))
-        group.extend(request_id, prompt[-PROMPT_TAIL:])  # so a response's first tokens can be drafted too
+        tail = min(PROMPT_TAIL, len(prompt))
+        self.requests[request_id] = _Request(group_id, prompt, own, tail)
+        group = self.groups.setdefault(group_id, MatchIndex(self.orders))
+        group.extend(request_id, prompt[len(prompt) - tail:])  # so a response's first tokens can be drafted too
 
     def accept(self, request_id: str, tokens) -> None:
         """Tokens the target model emitted for this request (siblings see them from now on)."""
-        req = self.requests[request_id]
-        tokens = [int(t) for t in tokens]
-        req.output += tokens
-        req.own.extend("output", tokens)
-        self.groups[req.group_id].extend(request_id, tokens)
+        self.groups[self.requests[request_id].group_id].extend(request_id, tokens)
 
-    def propose(self, request_id: str, max_tokens: int) -> list[int]:
+    def propose(self, request_id: str, max_tokens: int, min_prob: float | None = None) -> list[int]:
+        """The best draft of up to `max_tokens` tokens whose path probability stays above `min_prob`."""
         req = self.requests[request_id]
-        context = list(req.prompt_key[-self.max_depth:]) + req.output
-        candidates = [req.own.speculate(context, max_tokens, self.min_prob),
-                      self.groups[req.group_id].speculate(context, max_tokens, self.min_prob)]
-        past = self.history_index.get(req.prompt_key)
-        if past is not None:
-            candidates.append(past.speculate(context, max_tokens, self.min_prob))
-        return max(candidates, key=lambda c: (c[1], len(c[0])))[0]
+        min_prob = self.min_prob if min_prob is None else min_prob
+        group = self.groups[req.group_id]
+        context = group.sequence(request_id)  # the prompt's tail, then every accepted token
+        if len(context) < self.orders[0]:
+            context = list(req.prompt_key[: len(req.prompt_key) - req.tail]) + context
+        best: tuple[list[int], float] = ([], 0.0)
+        for index in (self.history_index.get(req.prompt_key), group, req.prompt):  # the usually best source first
+            if index is None:
+                continue
+            draft, score = index.speculate(context, max_tokens, min_prob)
+            if (score, len(draft)) > (best[1], len(best[0])):
+                best = (draft, score)
+                if score >= max_tokens:
+                    break
+        return best[0]
 
     def finish(self, request_id: str) -> None:
         req = self.requests.pop(request_id)
-        self.finished.setdefault(req.group_id, (req.prompt_key, []))[1].append(req.output)
+        response = self.groups[req.group_id].sequence(request_id)[req.tail:]
+        self.finished.setdefault(req.group_id, (req.prompt_key, []))[1].append(response)
 
     def finish_group(self, group_id: str) -> None:
         """The group is complete: its responses become its prompt's history (the last
-        `history_epochs` epochs of it), for the next time the prompt comes round."""
+        `history_epochs` epochs of it, for the `max_history_prompts` most recent prompts), for
+        the next time the prompt comes round."""
         self.groups.pop(group_id, None)
-        prompt_key, responses = self.finished.pop(group_id, (None, []))
+        prompt_key, responses = self.finished.pop(group_id, ((), []))
         if not responses:
             return
         epochs = self.history.setdefault(prompt_key, deque(maxlen=self.history_epochs))
+        self.history.move_to_end(prompt_key)
         epochs.append(responses)
-        index = self.history_index[prompt_key] = SuffixIndex(self.max_depth)
+        index = self.history_index[prompt_key] = MatchIndex(self.orders)
+        tail = list(prompt_key[-PROMPT_TAIL:])
         for e, epoch in enumerate(epochs):
             for k, response in enumerate(epoch):
-                index.extend((e, k), list(prompt_key[-PROMPT_TAIL:]) + response)
+                index.extend((e, k), tail + response)
+        while len(self.history) > self.max_history_prompts:
+            oldest, _ = self.history.popitem(last=False)
+            del self.history_index[oldest]
 
 
 def replay(drafter: GroupedDrafter, groups: list[tuple[list[int], list[list[int]]]], max_draft: int) -> dict:

@@ -1,11 +1,11 @@
 """The grouped drafter: suffix matching, siblings and history as draft sources, and a replay that
 never shows a sibling's future tokens."""
 
-from flashq.drafting import GroupedDrafter, SuffixIndex, replay
+from flashq.drafting import GroupedDrafter, MatchIndex, replay
 
 
-def test_suffix_index_follows_the_most_frequent_continuation():
-    index = SuffixIndex(max_depth=8)
+def test_match_index_follows_the_most_frequent_continuation():
+    index = MatchIndex(orders=(2,))
     index.extend("a", [1, 2, 3, 4, 5])
     index.extend("b", [9, 2, 3, 4, 6])
     index.extend("c", [2, 3, 4, 6, 7])
@@ -15,7 +15,7 @@ def test_suffix_index_follows_the_most_frequent_continuation():
 
 
 def test_siblings_and_history_supply_drafts_a_fresh_request_cannot_make_itself():
-    drafter = GroupedDrafter(max_depth=8)
+    drafter = GroupedDrafter()
     drafter.start("g0/0", "g0", [7, 7])
     drafter.start("g0/1", "g0", [7, 7])
     drafter.accept("g0/0", [1, 2, 3, 4, 5])
@@ -42,3 +42,13 @@ def test_replay_counts_acceptance_without_leaking_the_future():
     replay(again, groups, max_draft=4)
     second = replay(again, groups, max_draft=4)  # the next epoch has history
     assert second["mean_acceptance_length"] > 3 and second["tokens_per_forward"] > 3
+
+
+def test_history_keeps_the_most_recent_prompts_only():
+    drafter = GroupedDrafter(max_history_prompts=2)
+    for p in range(3):
+        drafter.start(f"g{p}/0", f"g{p}", [p, p])
+        drafter.accept(f"g{p}/0", [9, 9, 9])
+        drafter.finish(f"g{p}/0")
+        drafter.finish_group(f"g{p}")
+    assert list(drafter.history) == [(1, 1), (2, 2)] and set(drafter.history_index) == {(1, 1), (2, 2)}
