@@ -145,12 +145,22 @@ class RolloutConfig(Section):
     group_affinity: bool = Field(
         False, description="Keep a prompt's requests on the worker its first one went to while it has room (else spread them)."
     )
-    speculation: Literal["none", "ngram", "grouped"] = Field(
-        "none", description="Speculative decoding: vLLM's n-gram prompt lookup, or flashq's grouped drafter (siblings, history, own output)."
+    speculation: Literal["none", "ngram", "suffix", "grouped"] = Field(
+        "none",
+        description="Speculative decoding: vLLM's n-gram prompt lookup; vLLM's suffix decoding (needs arctic-inference's "
+        "suffix tree importable); or flashq's grouped drafter (siblings, history, own output).",
     )
     num_speculative_tokens: int = Field(8, ge=1, description="Most draft tokens per request per step.")
+    adaptive_drafts: bool = Field(
+        True,
+        description="grouped: draft only tokens likely enough to pay for their verification at the current batch size "
+        "(flashq.draft_budget); off: every draft token above draft_min_prob.",
+    )
+    draft_min_prob: float = Field(0.1, gt=0, le=1, description="grouped: least path probability of a draft token.")
     starvation_s: float = Field(60.0, gt=0, description="context_aware: a request waiting this long goes next.")
-    history_epochs: int = Field(2, ge=1, description="Epochs of a prompt's past response lengths kept for its estimate.")
+    history_epochs: int = Field(
+        2, ge=1, description="Epochs of a prompt's past kept: response lengths for its estimate, responses for grouped drafts."
+    )
 
 
 class RewardConfig(Section):

@@ -5,13 +5,19 @@ the input batch every step: request ids, prompts and the tokens each request jus
 flashq plugin (`vllm_plugin.register`, when `FLASHQ_SPECULATION=grouped`) puts this class in its
 place, so the drafts come from `flashq.drafting.GroupedDrafter`: siblings of the same prompt (one
 group per distinct prompt, as prompt replication makes them), the prompt's responses in earlier
-epochs, and the request's own prompt and output. Verification stays vLLM's, so output is exact.
+epochs, and the request's own prompt and output. How far each draft goes is `DraftBudget`'s
+call, from the batch size and the step cost measured here between calls (flashq's settings
+arrive as FLASHQ_DRAFT_* variables, set by `RolloutEngine`). Verification stays vLLM's.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections import Counter
 
+from flashq.draft_budget import DraftBudget
 from flashq.drafting import GroupedDrafter
 
 
@@ -20,12 +26,33 @@ class GroupedSuffixProposer:
         config = vllm_config.speculative_config
         self.num_speculative_tokens = config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
-        self.drafter = GroupedDrafter(max_depth=config.suffix_decoding_max_tree_depth,
+        self.drafter = GroupedDrafter(history_epochs=int(os.environ.get("FLASHQ_DRAFT_HISTORY_EPOCHS", "2")),
                                       min_prob=config.suffix_decoding_min_token_prob)
+        self.adaptive = os.environ.get("FLASHQ_DRAFT_ADAPTIVE", "1") == "1"
+        self.budget = DraftBudget(floor=config.suffix_decoding_min_token_prob)
         self.group_of: dict[str, str] = {}  # request id -> group key
         self.members: Counter = Counter()  # group key -> requests still running
+        self.last_call: float | None = None
+        self.last_positions = 0  # positions the step after the last call verifies
+        self.drafting_s = 0.0  # time spent here: the drafting cost per step
+        self.calls = 0
+        self.stats_path = os.environ.get("FLASHQ_DRAFT_STATS")
+        self.stats_every = int(os.environ.get("FLASHQ_DRAFT_STATS_EVERY", "50"))
 
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None) -> list[list[int]]:
+        started = time.perf_counter()
+        if self.last_call is not None:
+            self.budget.observe(self.last_positions, started - self.last_call)
+        # finished or aborted requests first: a group that just ended becomes history before the
+        # same prompt's next requests (a later epoch) start a new group
+        for req_id in set(self.group_of) - input_batch.req_id_to_index.keys():
+            key = self.group_of.pop(req_id)
+            self.drafter.finish(req_id)
+            self.members[key] -= 1
+            if self.members[key] == 0:
+                del self.members[key]
+                self.drafter.finish_group(key)
+        min_prob = self.budget.min_prob(len(sampled_token_ids)) if self.adaptive else None
         drafts: list[list[int]] = []
         for i, sampled in enumerate(sampled_token_ids):
             req_id = input_batch.req_ids[i]
@@ -42,15 +69,22 @@ class GroupedSuffixProposer:
                 self.drafter.start(req_id, key, prompt)
             self.drafter.accept(req_id, sampled)
             budget = min(num_speculative_tokens, self.max_model_len - num_tokens - 1)
-            drafts.append(self.drafter.propose(req_id, budget) if budget > 0 else [])
-        for req_id in set(self.group_of) - input_batch.req_id_to_index.keys():  # finished or aborted
-            key = self.group_of.pop(req_id)
-            self.drafter.finish(req_id)
-            self.members[key] -= 1
-            if self.members[key] == 0:
-                del self.members[key]
-                self.drafter.finish_group(key)
+            drafts.append(self.drafter.propose(req_id, budget, min_prob) if budget > 0 else [])
+        self.last_positions = len(drafts) + sum(len(d) for d in drafts)
+        self.last_call = time.perf_counter()
+        self.drafting_s += self.last_call - started
+        self.calls += 1
+        if self.stats_path and self.calls % self.stats_every == 0:
+            self._write_stats()
         return drafts
+
+    def _write_stats(self) -> None:
+        """Drafting cost and the fitted step model, for the rollout worker's metrics and benchmarks."""
+        fixed, per_token = self.budget.fit()
+        tmp = f"{self.stats_path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"calls": self.calls, "drafting_s": self.drafting_s, "step_fixed_s": fixed, "step_per_token_s": per_token}, f)
+        os.replace(tmp, self.stats_path)
 
     def load_model(self, *args, **kwargs) -> None:
         pass  # nothing to load: drafts come from text already generated

@@ -14,7 +14,9 @@ later tokens are sampled from exactly the new policy.
 from __future__ import annotations
 
 import logging
+import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +46,7 @@ class RolloutEngine:
         self.transfer_ready = False
         self.update_open = False  # started, not finished: generation stays paused until a push completes
         self.recompute_kv = cfg.rollout.recompute_kv_on_update
+        self.draft_stats_path: str | None = None
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -70,15 +73,30 @@ class RolloutEngine:
         )
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = rc.gpu_memory_utilization
+        os.environ["FLASHQ_SPECULATION"] = rc.speculation  # read by flashq's vLLM plugin in every engine process
         if rc.speculation == "ngram":
             kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": rc.num_speculative_tokens,
                                             "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+        elif rc.speculation == "suffix":
+            import importlib.util
+
+            if importlib.util.find_spec("arctic_inference") is None:
+                raise RuntimeError("rollout.speculation=suffix needs arctic-inference's suffix tree: pip install "
+                                   "arctic-inference, or build it alone with bench/build_arctic_suffix.sh and add it to PYTHONPATH")
+            kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": rc.num_speculative_tokens}
         elif rc.speculation == "grouped":
             from flashq.engine.vllm_plugin import use_grouped_proposer
 
-            os.environ["FLASHQ_SPECULATION"] = "grouped"  # read by flashq's vLLM plugin in every engine process
+            os.environ["FLASHQ_DRAFT_ADAPTIVE"] = "1" if rc.adaptive_drafts else "0"  # and these by its proposer
+            os.environ["FLASHQ_DRAFT_HISTORY_EPOCHS"] = str(rc.history_epochs)
+            os.environ.setdefault("FLASHQ_DRAFT_STATS_EVERY", "50")
+            os.environ["FLASHQ_DRAFT_STATS"] = self.draft_stats_path = os.path.join(
+                tempfile.gettempdir(), f"flashq-drafts-{os.getpid()}-{self.worker_index}.json")
+            if os.path.exists(self.draft_stats_path):  # an earlier engine's in this process
+                os.remove(self.draft_stats_path)
             use_grouped_proposer()  # and in this one, whose plugins may have loaded already
-            kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": rc.num_speculative_tokens}
+            kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": rc.num_speculative_tokens,
+                                            "suffix_decoding_min_token_prob": rc.draft_min_prob}
         kwargs.update(rc.engine_kwargs)
         kwargs.setdefault("worker_extension_cls", "flashq.engine.worker_extension.FlashqWorkerExtension")
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
@@ -86,7 +104,8 @@ class RolloutEngine:
 
     def speculation_counters(self) -> dict[str, float]:
         """vLLM's speculative-decoding counters since the engine started (empty without speculation):
-        verification steps with a draft, draft tokens, accepted draft tokens."""
+        verification steps with a draft, draft tokens, accepted draft tokens; with grouped drafts
+        also the seconds spent drafting and the proposer's calls (one per engine step)."""
         if self.cfg.rollout.speculation == "none":
             return {}
         from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
@@ -97,6 +116,10 @@ class RolloutEngine:
         for metric in get_metrics_snapshot():
             if isinstance(metric, Counter) and metric.name in names:
                 out[names[metric.name]] += float(metric.value)
+        if self.draft_stats_path and os.path.exists(self.draft_stats_path):  # written by flashq's proposer
+            with open(self.draft_stats_path) as f:
+                stats = json.load(f)
+            out["spec_drafting_s"], out["spec_proposer_calls"] = float(stats["drafting_s"]), float(stats["calls"])
         return out
 
     @property
