@@ -142,8 +142,11 @@ class RolloutConfig(Section):
         "or longest-first knowing every length (benchmarks with sampling.forced_lengths only).",
     )
     chunk_tokens: int = Field(0, ge=0, description="Divided rollout: generate responses in chunks of this many tokens; 0: whole.")
-    group_affinity: bool = Field(
-        False, description="Keep a prompt's requests on the worker its first one went to while it has room (else spread them)."
+    group_affinity: bool | None = Field(
+        None,
+        description="Keep a group's requests on the worker its first one went to while it has room (else spread them). "
+        "Unset: on with grouped speculation, keyed by the prompt, so siblings and the prompt's earlier epochs (its "
+        "drafting history) meet on one engine; off otherwise.",
     )
     speculation: Literal["none", "ngram", "suffix", "grouped"] = Field(
         "none",

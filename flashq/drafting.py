@@ -11,8 +11,9 @@ cheaper than the verification it saves (a suffix trie costs a node per depth per
 
 `GroupedDrafter` keeps one index per group (every sibling's prompt tail and accepted tokens, the
 request's own output among them), one per prompt over its responses in earlier epochs (the last
-`history_epochs`), and one per request over its prompt, and proposes the best-scoring draft of the
-three. Drafts are proposals only: verification by the target model keeps sampling exact (see
+`history_epochs`), one over the latest responses to any prompt (what prompts share: a tool call's
+syntax, an answer format; SuffixDecoding's global tree), and one per request over its prompt, and
+proposes the best-scoring draft of them. Drafts are proposals only: verification by the target model keeps sampling exact (see
 `replay` for how acceptance works).
 """
 
@@ -99,8 +100,12 @@ class _Request:
 
 class GroupedDrafter:
     def __init__(self, history_epochs: int = 2, min_prob: float = 0.1, orders: tuple[int, ...] = (8, 4, 2, 1),
-                 max_history_prompts: int = 4096):
+                 max_history_prompts: int = 4096, recent_responses: int = 512):
         self.min_prob, self.orders = min_prob, orders
+        # every prompt's latest responses, for what prompts share (a tool call's syntax, a format):
+        # two generations of `recent_responses` each, the older dropped whole when the newer fills
+        self.recent = [MatchIndex(orders), MatchIndex(orders)]
+        self.recent_responses = recent_responses
         self.groups: dict[str, MatchIndex] = {}
         self.finished: dict[str, tuple[tuple[int, ...], list[list[int]]]] = {}  # group -> (prompt, its responses)
         self.history: OrderedDict[tuple[int, ...], deque[list[list[int]]]] = OrderedDict()  # prompt -> last epochs' responses
@@ -130,7 +135,8 @@ class GroupedDrafter:
         if len(context) < self.orders[0]:
             context = list(req.prompt_key[: len(req.prompt_key) - req.tail]) + context
         best: tuple[list[int], float] = ([], 0.0)
-        for index in (self.history_index.get(req.prompt_key), group, req.prompt):  # the usually best source first
+        sources = (self.history_index.get(req.prompt_key), group, *self.recent, req.prompt)
+        for index in sources:  # the usually best source first
             if index is None:
                 continue
             draft, score = index.speculate(context, max_tokens, min_prob)
@@ -144,6 +150,10 @@ class GroupedDrafter:
         req = self.requests.pop(request_id)
         response = self.groups[req.group_id].sequence(request_id)[req.tail:]
         self.finished.setdefault(req.group_id, (req.prompt_key, []))[1].append(response)
+        if self.recent_responses:
+            if len(self.recent[0].seqs) >= self.recent_responses:
+                self.recent = [MatchIndex(self.orders), self.recent[0]]
+            self.recent[0].extend(request_id, response)
 
     def finish_group(self, group_id: str) -> None:
         """The group is complete: its responses become its prompt's history (the last

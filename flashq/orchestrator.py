@@ -104,7 +104,7 @@ class Orchestrator:
         self.divided = DividedRollout(cfg.rollout.chunk_tokens)
         self.gen_queue: LeastLoadedQueue[GenerateRequest] = LeastLoadedQueue(
             rollout_workers, cfg.rollout.max_inflight_per_worker, self._waiting_order(),
-            affinity=(lambda req: req.group_id) if cfg.rollout.group_affinity else None,
+            affinity=self._affinity(),
         )
         self.score_queue: LeastLoadedQueue[ScoreRequest] = LeastLoadedQueue(
             reward_workers, cfg.reward.max_inflight_per_worker
@@ -344,6 +344,22 @@ class Orchestrator:
         s = self.cfg.sampling
         return EpisodeRequest(request_id=rid, group_id=gid, task=task, seed=int(task["seed"]), max_tokens=s.max_tokens,
                               temperature=s.temperature, top_p=s.top_p)
+
+    def _affinity(self):
+        """What keeps requests on one worker: nothing, the group, or (grouped speculation) the
+        prompt, whose home then outlives its groups so the next epoch finds its history there."""
+        rc = self.cfg.rollout
+        if rc.group_affinity is False or (rc.group_affinity is None and rc.speculation != "grouped"):
+            return None
+        if rc.speculation != "grouped":
+            return lambda req: req.group_id
+
+        def prompt_of(req: GenerateRequest) -> str:
+            group = self.buffer.groups.get(req.group_id)
+            ids = group.prompt_ids if group is not None and len(group.prompt_ids) else req.prompt_ids
+            return f"prompt:{hash(ids.tobytes())}"
+
+        return prompt_of
 
     def _request(self, gid: str, k: int, prompt_ids: np.ndarray) -> GenerateRequest:
         s = self.cfg.sampling

@@ -119,3 +119,20 @@ def test_forced_lengths_are_deterministic_and_heavy_tailed():
     assert lengths == [forced_length(fl, i) for i in range(2000)]
     assert np.median(lengths) == pytest.approx(10, abs=1)
     assert max(lengths) >= 20 * np.median(lengths)
+
+
+def test_grouped_speculation_keeps_each_prompt_on_one_worker_across_its_groups():
+    cfg = load_config(None, ["sampling.group_size=4", "trainer.batch_groups=2", "trainer.steps=3", "async_ratio=2",
+                             "rollout.speculation=grouped", "rollout.max_inflight_per_worker=64"])
+    prompt_of = lambda t: np.array([int(t["id"][1:]) % 3 + 1, 7], np.int32)  # noqa: E731 - tasks 0 and 3 share a prompt
+    orch = Orchestrator(cfg, Tasks(), prompt_of, ["rollout-0", "rollout-1"], ["reward-0"])
+    orch.pump()
+    reqs = [(peer, m) for peer, m in drain(orch) if isinstance(m, GenerateRequest)]
+    worker_of_prompt = {}
+    for peer, m in reqs:
+        worker_of_prompt.setdefault(tuple(m.prompt_ids.tolist()), set()).add(peer)
+    assert len(reqs) >= 4 * 4 and all(len(w) == 1 for w in worker_of_prompt.values())  # siblings + later groups meet
+    assert len({w for ws in worker_of_prompt.values() for w in ws}) == 2  # different prompts still spread
+    spread = make(["async_ratio=0", "rollout.speculation=grouped", "rollout.group_affinity=false"])
+    spread.pump()
+    assert len({p for p, m in drain(spread) if isinstance(m, GenerateRequest)}) == 2
