@@ -42,37 +42,24 @@ class OwnOnly(GroupedDrafter):
     """Drafts from the request's own prompt and output only: every request is a group of one."""
 
     def __init__(self):
-        super().__init__(recent_responses=0)
+        super().__init__(history_epochs=0, recent_responses=0)
 
     def start(self, request_id: str, group_id: str, prompt_ids) -> None:
         super().start(request_id, request_id, prompt_ids)
 
     def finish(self, request_id: str) -> None:
         super().finish(request_id)
-        self.groups.pop(request_id, None)
-        self.finished.pop(request_id, None)
-
-    def finish_group(self, group_id: str) -> None:
-        pass
+        self.finish_group(request_id)
 
 
-class NoHistory(GroupedDrafter):
+def no_history() -> GroupedDrafter:
     """Siblings only: no earlier epochs of the prompt, no other prompts' responses."""
-
-    def __init__(self):
-        super().__init__(recent_responses=0)
-
-    def finish_group(self, group_id: str) -> None:
-        self.groups.pop(group_id, None)
-        self.finished.pop(group_id, None)
+    return GroupedDrafter(history_epochs=0, recent_responses=0)
 
 
-class Recent(GroupedDrafter):
+def recent_only() -> GroupedDrafter:
     """Siblings and the latest responses to other prompts, no earlier epochs of the prompt."""
-
-    def finish_group(self, group_id: str) -> None:
-        self.groups.pop(group_id, None)
-        self.finished.pop(group_id, None)
+    return GroupedDrafter(history_epochs=0)
 
 
 def record(model_dir: Path, prompts: int, n: int, seed: int) -> list[tuple[list[int], list[list[int]]]]:
@@ -142,7 +129,7 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "flashq.cli", "sft", str(CONFIG)], cwd=ROOT, check=True)
     epochs = [record(model_dir, args.prompts, 8, seed) for seed in (0, 1)]
     rows = []
-    for name, make in (("no drafts", None), ("own", OwnOnly), ("grouped", NoHistory), ("grouped + other prompts", Recent),
+    for name, make in (("no drafts", None), ("own", OwnOnly), ("grouped", no_history), ("grouped + other prompts", recent_only),
                        ("grouped + other prompts + history", GroupedDrafter)):
         drafter = (make or GroupedDrafter)()
         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 PROMPT_TAIL = 4  # prompt tokens put before each response in the shared indexes
-MAX_MATCHES = 32  # most recent occurrences followed per draft
+MAX_MATCHES = 16  # most recent occurrences followed per draft
 
 
 class MatchIndex:
@@ -48,29 +48,41 @@ class MatchIndex:
         seq = self.sequence(seq_id)
         base = self.ids[seq_id] << 32
         table = self.table
+        orders = self.orders
         for t in tokens:
             seq.append(int(t))
             end = len(seq)
-            for n in self.orders:
+            code = base | end
+            for n in orders:
                 if end >= n:
-                    table.setdefault(hash(tuple(seq[end - n:])), []).append(base | end)
+                    key = hash(tuple(seq[end - n:]))
+                    hits = table.get(key)
+                    if hits is None:
+                        table[key] = [code]
+                    else:
+                        hits.append(code)
 
     def speculate(self, context, max_tokens: int, min_prob: float = 0.1) -> tuple[list[int], float]:
-        """Best draft (and its score) continuing the end of `context`."""
+        """Best draft (and its score) continuing the end of `context`: the longest matches first,
+        stopping at the first draft as long as allowed (a shorter match rarely beats it)."""
         best: tuple[list[int], float] = ([], 0.0)
         seqs = self.seqs
         for n in self.orders:
             if len(context) < n:
                 continue
-            occurrences = self.table.get(hash(tuple(int(t) for t in context[-n:])))
+            occurrences = self.table.get(hash(tuple(context[-n:])))
             if not occurrences:
                 continue
-            matches = [(seqs[code >> 32], code & 0xFFFFFFFF) for code in occurrences[-MAX_MATCHES:]]
-            draft, score = _follow([(seq, pos) for seq, pos in matches if pos < len(seq)], max_tokens, min_prob)
+            matches = []
+            for code in occurrences[-MAX_MATCHES:]:
+                seq, pos = seqs[code >> 32], code & 0xFFFFFFFF
+                if pos < len(seq):
+                    matches.append((seq, pos))
+            draft, score = _follow(matches, max_tokens, min_prob)
             if score > best[1]:
                 best = (draft, score)
-                if score >= max_tokens:  # every token certain: no shorter match can beat it
-                    break
+            if len(draft) >= max_tokens:
+                break
         return best
 
 
@@ -80,7 +92,11 @@ def _follow(matches: list[tuple[list[int], int]], max_tokens: int, min_prob: flo
     draft: list[int] = []
     score, total = 0.0, len(matches)
     while matches and len(draft) < max_tokens:
-        token, count = Counter(seq[pos] for seq, pos in matches).most_common(1)[0]
+        nexts = [seq[pos] for seq, pos in matches]
+        token = nexts[0]
+        count = nexts.count(token)
+        if count < len(nexts):  # they disagree: take the most frequent
+            token, count = Counter(nexts).most_common(1)[0]
         prob = count / total
         if prob < min_prob:
             break
@@ -102,15 +118,16 @@ class GroupedDrafter:
     def __init__(self, history_epochs: int = 2, min_prob: float = 0.1, orders: tuple[int, ...] = (8, 4, 2, 1),
                  max_history_prompts: int = 4096, recent_responses: int = 512):
         self.min_prob, self.orders = min_prob, orders
+        self.groups: dict[str, MatchIndex] = {}
+        self.group_prompt: dict[str, tuple[int, ...]] = {}
+        # a finished group's index is its prompt's history as it stands (nothing is indexed twice);
+        # the last `history_epochs` of them per prompt, for the `max_history_prompts` latest prompts
+        self.history: OrderedDict[tuple[int, ...], deque[MatchIndex]] = OrderedDict()
+        self.history_epochs, self.max_history_prompts = history_epochs, max_history_prompts
         # every prompt's latest responses, for what prompts share (a tool call's syntax, a format):
         # two generations of `recent_responses` each, the older dropped whole when the newer fills
         self.recent = [MatchIndex(orders), MatchIndex(orders)]
         self.recent_responses = recent_responses
-        self.groups: dict[str, MatchIndex] = {}
-        self.finished: dict[str, tuple[tuple[int, ...], list[list[int]]]] = {}  # group -> (prompt, its responses)
-        self.history: OrderedDict[tuple[int, ...], deque[list[list[int]]]] = OrderedDict()  # prompt -> last epochs' responses
-        self.history_index: dict[tuple[int, ...], MatchIndex] = {}
-        self.history_epochs, self.max_history_prompts = history_epochs, max_history_prompts
         self.requests: dict[str, _Request] = {}
 
     def start(self, request_id: str, group_id: str, prompt_ids) -> None:
@@ -119,6 +136,7 @@ class GroupedDrafter:
         own.extend("prompt", prompt)
         tail = min(PROMPT_TAIL, len(prompt))
         self.requests[request_id] = _Request(group_id, prompt, own, tail)
+        self.group_prompt.setdefault(group_id, prompt)
         group = self.groups.setdefault(group_id, MatchIndex(self.orders))
         group.extend(request_id, prompt[len(prompt) - tail:])  # so a response's first tokens can be drafted too
 
@@ -135,45 +153,34 @@ class GroupedDrafter:
         if len(context) < self.orders[0]:
             context = list(req.prompt_key[: len(req.prompt_key) - req.tail]) + context
         best: tuple[list[int], float] = ([], 0.0)
-        sources = (self.history_index.get(req.prompt_key), group, *self.recent, req.prompt)
+        sources = (*reversed(self.history.get(req.prompt_key, ())), group, *self.recent, req.prompt)
         for index in sources:  # the usually best source first
-            if index is None:
-                continue
             draft, score = index.speculate(context, max_tokens, min_prob)
             if (score, len(draft)) > (best[1], len(best[0])):
                 best = (draft, score)
-                if score >= max_tokens:
-                    break
+            if len(best[0]) >= max_tokens:  # as long as allowed: later sources are rarely better
+                break
         return best[0]
 
     def finish(self, request_id: str) -> None:
         req = self.requests.pop(request_id)
-        response = self.groups[req.group_id].sequence(request_id)[req.tail:]
-        self.finished.setdefault(req.group_id, (req.prompt_key, []))[1].append(response)
         if self.recent_responses:
+            response = self.groups[req.group_id].sequence(request_id)[req.tail:]
             if len(self.recent[0].seqs) >= self.recent_responses:
                 self.recent = [MatchIndex(self.orders), self.recent[0]]
             self.recent[0].extend(request_id, response)
 
     def finish_group(self, group_id: str) -> None:
-        """The group is complete: its responses become its prompt's history (the last
-        `history_epochs` epochs of it, for the `max_history_prompts` most recent prompts), for
-        the next time the prompt comes round."""
-        self.groups.pop(group_id, None)
-        prompt_key, responses = self.finished.pop(group_id, ((), []))
-        if not responses:
+        """The group is complete: its index becomes its prompt's history, for the next time the
+        prompt comes round (an epoch later)."""
+        index = self.groups.pop(group_id, None)
+        prompt_key = self.group_prompt.pop(group_id, None)
+        if index is None or not index.seqs or not self.history_epochs:
             return
-        epochs = self.history.setdefault(prompt_key, deque(maxlen=self.history_epochs))
+        self.history.setdefault(prompt_key, deque(maxlen=self.history_epochs)).append(index)
         self.history.move_to_end(prompt_key)
-        epochs.append(responses)
-        index = self.history_index[prompt_key] = MatchIndex(self.orders)
-        tail = list(prompt_key[-PROMPT_TAIL:])
-        for e, epoch in enumerate(epochs):
-            for k, response in enumerate(epoch):
-                index.extend((e, k), tail + response)
         while len(self.history) > self.max_history_prompts:
-            oldest, _ = self.history.popitem(last=False)
-            del self.history_index[oldest]
+            self.history.popitem(last=False)
 
 
 def replay(drafter: GroupedDrafter, groups: list[tuple[list[int], list[list[int]]]], max_draft: int) -> dict:

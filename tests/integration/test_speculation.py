@@ -96,4 +96,15 @@ def test_grouped_speculation_keeps_the_sampling_distribution_at_temperature_1(pe
         assert chi_square_homogeneity(a, b) > 1e-3, f"prompt {g}: speculation changed the response distribution"
         lp_a = np.mean([s.logprobs.sum() for s in plain if s.group_id == f"g{g}"])
         lp_b = np.mean([s.logprobs.sum() for s in grouped if s.group_id == f"g{g}"])
-        assert np.isfinite(lp_b) and abs(lp_a - lp_b) < 0.5  # returned logprobs are the target's, not garbage
+        assert np.isfinite(lp_b) and abs(lp_a - lp_b) < 0.5
+    # the logprobs returned with drafted tokens (for the off-policy correction) are the target model's own
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(peaked_model), torch_dtype=torch.float32).eval()
+    for s in grouped[::40]:
+        prompt = prompts[int(s.group_id[1:])]
+        ids = torch.tensor([[*prompt.tolist(), *s.token_ids.tolist()]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1]
+        target = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(s.token_ids, dtype=torch.long)[:, None])[:, 0]
+        np.testing.assert_allclose(s.logprobs, target.numpy(), atol=2e-3)
