@@ -449,6 +449,8 @@ class Coordinator:
         for peer, stats in self.worker_stats.items():
             if "weight_sync_s" in stats:
                 out[f"rollout/weight_sync_s/{peer}"] = stats["weight_sync_s"]
+            if "spec_drafting_s" in stats:
+                out[f"spec/drafting_s_total/{peer}"] = stats["spec_drafting_s"]
         out.update(self._speculation())
         return out
 
