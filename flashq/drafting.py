@@ -20,7 +20,7 @@ proposes the best-scoring draft of them. Drafts are proposals only: verification
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PROMPT_TAIL = 4  # prompt tokens put before each response in the shared indexes
 MAX_MATCHES = 16  # most recent occurrences followed per draft
@@ -62,10 +62,11 @@ class MatchIndex:
                     else:
                         hits.append(code)
 
-    def speculate(self, context, max_tokens: int, min_prob: float = 0.1) -> tuple[list[int], float]:
-        """Best draft (and its score) continuing the end of `context`: the longest matches first,
-        stopping at the first draft as long as allowed (a shorter match rarely beats it)."""
-        best: tuple[list[int], float] = ([], 0.0)
+    def speculate(self, context, max_tokens: int, min_prob: float = 0.1) -> tuple[list[int], float, list]:
+        """Best draft (its score, and the matches that agree with all of it) continuing the end of
+        `context`: the longest matches first, stopping at the first draft as long as allowed (a
+        shorter match rarely beats it)."""
+        best: tuple[list[int], float, list] = ([], 0.0, [])
         seqs = self.seqs
         for n in self.orders:
             if len(context) < n:
@@ -78,15 +79,15 @@ class MatchIndex:
                 seq, pos = seqs[code >> 32], code & 0xFFFFFFFF
                 if pos < len(seq):
                     matches.append((seq, pos))
-            draft, score = _follow(matches, max_tokens, min_prob)
+            draft, score, agreeing = _follow(matches, max_tokens, min_prob)
             if score > best[1]:
-                best = (draft, score)
+                best = (draft, score, agreeing)
             if len(draft) >= max_tokens:
                 break
         return best
 
 
-def _follow(matches: list[tuple[list[int], int]], max_tokens: int, min_prob: float) -> tuple[list[int], float]:
+def _follow(matches: list[tuple[list[int], int]], max_tokens: int, min_prob: float) -> tuple[list[int], float, list]:
     """Walk the matches' continuations: the most frequent next token while the share of
     matches agreeing on the whole path stays at least `min_prob`."""
     draft: list[int] = []
@@ -103,7 +104,7 @@ def _follow(matches: list[tuple[list[int], int]], max_tokens: int, min_prob: flo
         draft.append(token)
         score += prob
         matches = [(seq, pos + 1) for seq, pos in matches if seq[pos] == token and pos + 1 < len(seq)]
-    return draft, score
+    return draft, score, matches
 
 
 @dataclass
@@ -112,6 +113,8 @@ class _Request:
     prompt_key: tuple[int, ...]
     prompt: MatchIndex
     tail: int  # prompt tokens at the start of its sequence in the group index
+    draft: list[int] = field(default_factory=list)  # the last draft proposed
+    follow: list = field(default_factory=list)  # the matches that agreed with all of it, moved past what was accepted
 
 
 class GroupedDrafter:
@@ -141,8 +144,16 @@ class GroupedDrafter:
         group.extend(request_id, prompt[len(prompt) - tail:])  # so a response's first tokens can be drafted too
 
     def accept(self, request_id: str, tokens) -> None:
-        """Tokens the target model emitted for this request (siblings see them from now on)."""
-        self.groups[self.requests[request_id].group_id].extend(request_id, tokens)
+        """Tokens the target model emitted for this request (siblings see them from now on). If
+        they are the whole last draft and one more token, the matches behind that draft that also
+        predicted the extra token carry on to the next draft, without a new search."""
+        req = self.requests[request_id]
+        tokens = [int(t) for t in tokens]
+        self.groups[req.group_id].extend(request_id, tokens)
+        follow = []
+        if req.follow and len(tokens) == len(req.draft) + 1 and tokens[:-1] == req.draft:
+            follow = [(seq, pos + 1) for seq, pos in req.follow if seq[pos] == tokens[-1] and pos + 1 < len(seq)]
+        req.follow, req.draft = follow, []
 
     def propose(self, request_id: str, max_tokens: int, min_prob: float | None = None) -> list[int]:
         """The best draft of up to `max_tokens` tokens whose path probability stays above `min_prob`."""
@@ -152,14 +163,18 @@ class GroupedDrafter:
         context = group.sequence(request_id)  # the prompt's tail, then every accepted token
         if len(context) < self.orders[0]:
             context = list(req.prompt_key[: len(req.prompt_key) - req.tail]) + context
-        best: tuple[list[int], float] = ([], 0.0)
-        sources = (*reversed(self.history.get(req.prompt_key, ())), group, *self.recent, req.prompt)
-        for index in sources:  # the usually best source first
-            draft, score = index.speculate(context, max_tokens, min_prob)
-            if (score, len(draft)) > (best[1], len(best[0])):
-                best = (draft, score)
-            if len(best[0]) >= max_tokens:  # as long as allowed: later sources are rarely better
-                break
+        best: tuple[list[int], float, list] = ([], 0.0, [])
+        if req.follow:  # the last draft was accepted whole: go on from where its matches are
+            best = _follow(req.follow, max_tokens, min_prob)
+        if not best[0]:
+            sources = (*reversed(self.history.get(req.prompt_key, ())), group, *self.recent, req.prompt)
+            for index in sources:  # the usually best source first
+                found = index.speculate(context, max_tokens, min_prob)
+                if (found[1], len(found[0])) > (best[1], len(best[0])):
+                    best = found
+                if len(best[0]) >= max_tokens:  # as long as allowed: later sources are rarely better
+                    break
+        req.draft, req.follow = best[0], best[2]
         return best[0]
 
     def finish(self, request_id: str) -> None:

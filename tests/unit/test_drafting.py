@@ -9,9 +9,9 @@ def test_match_index_follows_the_most_frequent_continuation():
     index.extend("a", [1, 2, 3, 4, 5])
     index.extend("b", [9, 2, 3, 4, 6])
     index.extend("c", [2, 3, 4, 6, 7])
-    draft, score = index.speculate([0, 2, 3], max_tokens=4, min_prob=0.1)
+    draft, score, _ = index.speculate([0, 2, 3], max_tokens=4, min_prob=0.1)
     assert draft[:2] == [4, 6] and score > 1.5  # 4 always follows 2 3; then 6 twice out of three
-    assert index.speculate([42], max_tokens=4) == ([], 0.0)  # nothing to match
+    assert index.speculate([42], max_tokens=4)[:2] == ([], 0.0)  # nothing to match
 
 
 def test_siblings_and_history_supply_drafts_a_fresh_request_cannot_make_itself():
@@ -52,3 +52,17 @@ def test_history_keeps_the_most_recent_prompts_only():
         drafter.finish(f"g{p}/0")
         drafter.finish_group(f"g{p}")
     assert list(drafter.history) == [(1, 1), (2, 2)]
+
+
+def test_an_accepted_draft_goes_on_from_its_matches_without_a_new_search():
+    drafter = GroupedDrafter(recent_responses=0)
+    drafter.start("g0/0", "g0", [7, 7])
+    drafter.accept("g0/0", list(range(10, 30)))
+    drafter.start("g0/1", "g0", [7, 7])
+    drafter.accept("g0/1", [10])
+    assert drafter.propose("g0/1", 3) == [11, 12, 13]
+    drafter.accept("g0/1", [11, 12, 13, 14])  # all three accepted, and the target's own 14
+    assert drafter.requests["g0/1"].follow  # carried on
+    assert drafter.propose("g0/1", 3) == [15, 16, 17]
+    drafter.accept("g0/1", [15, 99])  # a rejection: the next draft searches afresh
+    assert not drafter.requests["g0/1"].follow
