@@ -8,8 +8,9 @@ tokens, or a short direct answer) by the tiny model after SFT on it (`flashq sft
 missing): 32 prompts x 8 samples at temperature 1, then the same prompts again (epoch 2), so
 drafters that keep history have the previous epoch's responses. Per mode and engine size
 (`max_num_seqs`: 16 requests decoding at once, as in a rollout's long tail or a GPU engine whose
-batch is bound by memory; 256, a full CPU batch) one engine serves a warm-up, epoch 1 and epoch 2.
-Each mode and size runs `--repeats` times (interleaved) and the figures are the means. Reported per epoch: output tokens/s, makespan, vLLM's own spec-decode counters (mean acceptance
+batch is bound by memory; 256, a full CPU batch) one engine serves a warm-up, epoch 1 and epoch 2;
+each runs `--repeats` times (interleaved with the others) and the figures are the means.
+Reported per epoch: output tokens/s, makespan, vLLM's own spec-decode counters (mean acceptance
 length over verification steps with a draft, bonus token included; tokens per target forward over
 all steps), and for flashq's drafter the share of time spent drafting.
 
