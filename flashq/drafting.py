@@ -5,16 +5,17 @@ epoch predict this epoch's. `MatchIndex` remembers where each short n-gram (n in
 occurred in a set of growing sequences; `speculate` finds the places where the end of a context
 occurred before and follows their continuations, one token at a time, taking the most frequent
 next token while the share of matches that agree on the whole path (its probability) stays above
-`min_prob`. The draft is scored by the sum of those probabilities (SuffixDecoding's rule), and the
-best of the match lengths wins. A token costs one dict append per order, which keeps drafting far
-cheaper than the verification it saves (a suffix trie costs a node per depth per token).
+`min_prob`. The draft is scored by the sum of those probabilities (SuffixDecoding's rule); the
+longest match comes first and a full-length draft ends the search. A token costs one dict append
+per order, which keeps drafting far cheaper than the verification it saves (a suffix trie costs
+a node per depth per token).
 
 `GroupedDrafter` keeps one index per group (every sibling's prompt tail and accepted tokens, the
 request's own output among them), one per prompt over its responses in earlier epochs (the last
 `history_epochs`), one over the latest responses to any prompt (what prompts share: a tool call's
-syntax, an answer format; SuffixDecoding's global tree), and one per request over its prompt, and
-proposes the best-scoring draft of them. Drafts are proposals only: verification by the target model keeps sampling exact (see
-`replay` for how acceptance works).
+syntax, an answer format; SuffixDecoding's global tree), and one per group over its prompt, and
+proposes the best-scoring draft of them. Drafts are proposals only: verification by the target
+model keeps sampling exact (see `replay` for how acceptance works).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def _follow(matches: list[tuple[list[int], int]], max_tokens: int, min_prob: flo
 class _Request:
     group_id: str
     prompt_key: tuple[int, ...]
-    prompt: MatchIndex
+    prompt: MatchIndex  # shared by the requests of a group with the same prompt
     tail: int  # prompt tokens at the start of its sequence in the group index
     draft: list[int] = field(default_factory=list)  # the last draft proposed
     follow: list = field(default_factory=list)  # the matches that agreed with all of it, moved past what was accepted
@@ -122,7 +123,7 @@ class GroupedDrafter:
                  max_history_prompts: int = 4096, recent_responses: int = 512):
         self.min_prob, self.orders = min_prob, orders
         self.groups: dict[str, MatchIndex] = {}
-        self.group_prompt: dict[str, tuple[int, ...]] = {}
+        self.group_prompt: dict[str, tuple[tuple[int, ...], MatchIndex]] = {}  # the prompt and its index
         # a finished group's index is its prompt's history as it stands (nothing is indexed twice);
         # the last `history_epochs` of them per prompt, for the `max_history_prompts` latest prompts
         self.history: OrderedDict[tuple[int, ...], deque[MatchIndex]] = OrderedDict()
@@ -135,11 +136,15 @@ class GroupedDrafter:
 
     def start(self, request_id: str, group_id: str, prompt_ids) -> None:
         prompt = tuple(int(t) for t in prompt_ids)
-        own = MatchIndex(self.orders)
-        own.extend("prompt", prompt)
+        shared = self.group_prompt.get(group_id)
+        if shared is not None and shared[0] == prompt:
+            prompt_index = shared[1]  # the siblings' prompt is indexed once
+        else:
+            prompt_index = MatchIndex(self.orders)
+            prompt_index.extend("prompt", prompt)
+            self.group_prompt.setdefault(group_id, (prompt, prompt_index))
         tail = min(PROMPT_TAIL, len(prompt))
-        self.requests[request_id] = _Request(group_id, prompt, own, tail)
-        self.group_prompt.setdefault(group_id, prompt)
+        self.requests[request_id] = _Request(group_id, prompt, prompt_index, tail)
         group = self.groups.setdefault(group_id, MatchIndex(self.orders))
         group.extend(request_id, prompt[len(prompt) - tail:])  # so a response's first tokens can be drafted too
 
@@ -189,7 +194,7 @@ class GroupedDrafter:
         """The group is complete: its index becomes its prompt's history, for the next time the
         prompt comes round (an epoch later)."""
         index = self.groups.pop(group_id, None)
-        prompt_key = self.group_prompt.pop(group_id, None)
+        prompt_key, _ = self.group_prompt.pop(group_id, (None, None))
         if index is None or not index.seqs or not self.history_epochs:
             return
         self.history.setdefault(prompt_key, deque(maxlen=self.history_epochs)).append(index)

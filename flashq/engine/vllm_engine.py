@@ -13,8 +13,8 @@ later tokens are sampled from exactly the new policy.
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import os
 import tempfile
 import time

@@ -466,7 +466,9 @@ class Coordinator:
             before = self.prev_spec.get(peer, (0.0, 0.0, 0.0))
             if now[0] < before[0]:
                 before = (0.0, 0.0, 0.0)
-            drafts, draft_tokens, accepted = (a + n - b for a, n, b in zip((drafts, draft_tokens, accepted), now, before))
+            drafts += now[0] - before[0]
+            draft_tokens += now[1] - before[1]
+            accepted += now[2] - before[2]
             self.prev_spec[peer] = now
         if not drafts:
             return {}
