@@ -1,13 +1,17 @@
 """The simulator's constants, and how they are read from real flashq runs.
 
 The trainer's line (seconds per step against tokens) and the weight-sync pause come straight
-from each step's metrics. The engine's step-time curve T(B) = step_s + step_s_per_seq * B cannot:
-what a run records is the combined effect of batching, the long tail, engines sharing cores and
-the overhead per request around the engine, and how many cores an engine keeps busy. So those
-four constants (step_s, step_s_per_seq, dispatch_s, engine_cores) are fitted by simulation: each calibration run is simulated
-from its own config and the constants are searched (in log space) to minimise the squared log
-error of the predicted seconds per trainer step. Runs at different engine batch sizes (alpha 0
-and 2; a small engine batch) and with and without shared cores pin them down.
+from each step's metrics. The engine's constants (step_s, step_s_per_seq, dispatch_s,
+engine_cores, contention) cannot: a run records the combined effect of batching, the long tail,
+engines sharing cores and the overhead around the engine. So they are fitted by simulation: each
+calibration run is simulated from its own config, and the constants are searched (Nelder-Mead in
+log space, from several starts) to minimise the squared log errors of
+- the seconds per trainer step, in steady state;
+- each engine's output tokens per busy second, where the run wrote a request trace
+  (`log.request_trace`): what it generated while it had requests, from the first trainer step on.
+The second pins the engine's speed apart from the time around it (dispatch, the trainer, the
+tail). Runs at different engine batch sizes, with one and two engines on the same cores, pin
+the rest.
 """
 
 from __future__ import annotations
@@ -22,29 +26,36 @@ import numpy as np
 
 @dataclass
 class Calibration:
-    step_s: float = 1.5e-3  # decode step at batch 1 (platform.md: the tiny model on this CPU)
-    step_s_per_seq: float = 4e-5  # added per running request
+    """Defaults: the tiny model's flashq runs on this 2-core CPU, as `python bench/sim.py` fits them."""
+
+    step_s: float = 2.05e-3  # decode step of one engine at full speed, fixed part
+    step_s_per_seq: float = 4.9e-5  # added per running request
+    step_s_per_kv_token: float = 0.0  # added per token held in the KV cache (attention reads it every step)
     prefill_s_per_token: float = 2e-5
-    train_s: float = 0.02
-    train_s_per_token: float = 3e-5
-    weight_sync_s: float = 0.1
+    train_s: float = 0.55
+    train_s_per_token: float = 7.6e-5
+    weight_sync_s: float = 0.071
     reward_s: float = 0.002
-    dispatch_s: float = 1e-3  # from a freed slot to the next request's admission: per-request overhead
-    engine_cores: float = 1.0  # CPU cores one engine keeps busy at full speed (its engine and worker processes)
+    dispatch_s: float = 1.1e-3  # from a freed slot to the next request's admission: per-request overhead
+    engine_cores: float = 1.41  # CPU cores one engine keeps busy at full speed (its engine and worker processes)
+    contention: float = 1.18  # exponent on the slowdown of oversubscribed cores
+    kv_tokens: float = 0.0  # tokens one engine's KV cache holds (0: unlimited); full, it preempts
     spec_accept: float = 0.0  # per-draft-token acceptance probability; 0: no speculation
     spec_max_draft: int = 8
     verify_s_per_token: float = 0.0  # added per draft token verified
     source: list[str] = field(default_factory=list)
 
-    def step_time(self, batch: int) -> float:
-        return self.step_s + self.step_s_per_seq * batch
+    def step_time(self, batch: int, kv: float = 0.0) -> float:
+        return self.step_s + self.step_s_per_seq * batch + self.step_s_per_kv_token * kv
 
-    def decode(self, batch: int) -> tuple[float, float]:
-        """(seconds per step, tokens per request per step) at the best draft length for `batch`."""
-        best = (self.step_time(batch), 1.0)
+    def decode(self, batch: int, kv: float = 0.0) -> tuple[float, float]:
+        """(seconds per step, tokens per request per step) at the best draft length for `batch`
+        requests holding `kv` tokens of context."""
+        base = self.step_time(batch, kv)
+        best = (base, 1.0)
         p = self.spec_accept
         for g in range(1, self.spec_max_draft + 1) if p > 0 else ():
-            step, tokens = self.step_time(batch) + self.verify_s_per_token * batch * g, (1 - p ** (g + 1)) / (1 - p)
+            step, tokens = base + self.verify_s_per_token * batch * g, (1 - p ** (g + 1)) / (1 - p)
             if step / tokens < best[0] / best[1]:
                 best = (step, tokens)
         return best
@@ -57,7 +68,7 @@ class Calibration:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
-    def fit(cls, run_dirs: list[Path], rounds: int = 4) -> Calibration:
+    def fit(cls, run_dirs: list[Path], starts: int = 4, evaluations: int = 160) -> Calibration:
         from flashq.metrics import read_metrics
 
         train_x, train_y, syncs = [], [], []
@@ -71,7 +82,7 @@ class Calibration:
         tslope, tintercept = np.polyfit(train_x, train_y, 1) if len(set(train_x)) > 1 else (0.0, float(np.mean(train_y)))
         cal = cls(train_s=max(float(tintercept), 0.0), train_s_per_token=max(float(tslope), 0.0),
                   weight_sync_s=float(np.median(syncs)), source=[str(r) for r in run_dirs])
-        return fit_engine(cal, run_dirs, rounds)
+        return fit_engine(cal, run_dirs, starts, evaluations)
 
 
 def measured_step_s(run: Path) -> float:
@@ -85,35 +96,97 @@ def measured_step_s(run: Path) -> float:
     return (steps[-1]["time/since_generation_s"] - steps[0]["time/since_generation_s"]) / (steps[-1]["step"] - steps[0]["step"])
 
 
+def measured_engine_rates(run: Path) -> dict[str, float]:
+    """Output tokens per busy second of each rollout worker, from the run's request trace, between
+    its first and last trainer step (a response's tokens counted evenly over its lifetime); {}
+    without a trace."""
+    from flashq.metrics import read_metrics
+
+    trace = Path(run) / "requests.jsonl"
+    if not trace.exists():
+        return {}
+    steps = read_metrics(Path(run) / "metrics.jsonl")
+    t0, t1 = steps[0]["time/since_generation_s"], steps[-1]["time/since_generation_s"]
+    spans: dict[str, list[tuple[float, float, float]]] = {}
+    for line in trace.read_text().splitlines():
+        r = json.loads(line)
+        if r["finished"] > r["sent"]:
+            spans.setdefault(r["worker"], []).append((r["sent"], r["finished"], r["tokens"]))
+    rates = {}
+    for worker, items in spans.items():
+        tokens = sum(n * max(0.0, min(b, t1) - max(a, t0)) / (b - a) for a, b, n in items)
+        busy, end = 0.0, t0  # the union of the responses' lifetimes inside the window
+        for a, b, _ in sorted(items):
+            a, b = max(a, end), min(b, t1)
+            if b > a:
+                busy, end = busy + b - a, b
+        if busy > 0:
+            rates[worker] = tokens / busy
+    return rates
+
+
 def simulated_step_s(result: dict) -> float:
     """The same measure on a simulation's result."""
     return float(np.mean(result["step_s_per_step"][1:]))
 
 
-def fit_engine(cal: Calibration, run_dirs: list[Path], rounds: int = 4) -> Calibration:
-    """Coordinate search over the engine constants in log space, halving the stride each round."""
+ENGINE_CONSTANTS = ("step_s", "step_s_per_seq", "dispatch_s", "engine_cores", "contention")
+
+
+def fit_engine(cal: Calibration, run_dirs: list[Path], starts: int = 4, evaluations: int = 160) -> Calibration:
     from flashq.config import load_config
     from flashq.sim import Simulation
 
-    runs = [(load_config(Path(r) / "config.yaml"), measured_step_s(Path(r))) for r in run_dirs]
+    runs = [(load_config(Path(r) / "config.yaml"), measured_step_s(Path(r)), measured_engine_rates(Path(r))) for r in run_dirs]
 
-    def loss(c: Calibration) -> float:
-        total = 0.0
-        for cfg, real in runs:
-            total += math.log(simulated_step_s(Simulation(cfg, c).run()) / real) ** 2
+    def at(x: np.ndarray) -> Calibration:
+        return replace(cal, **{name: float(math.exp(v)) for name, v in zip(ENGINE_CONSTANTS, x)})
+
+    def loss(x: np.ndarray) -> float:
+        c, total = at(x), 0.0
+        for cfg, step_s, rates in runs:
+            result = Simulation(cfg, c).run()
+            total += math.log(simulated_step_s(result) / step_s) ** 2
+            for worker, rate in rates.items():
+                engine = result["engines"][worker]
+                total += math.log(engine["tokens"] / max(engine["busy_s"], 1e-12) / rate) ** 2
         return total
 
-    best, best_loss = cal, loss(cal)
-    stride = 1.0  # factors of e
-    for _ in range(rounds):
-        improved = True
-        while improved:
-            improved = False
-            for name in ("step_s", "step_s_per_seq", "dispatch_s", "engine_cores"):
-                for direction in (1, -1):
-                    trial = replace(best, **{name: getattr(best, name) * math.exp(direction * stride)})
-                    trial_loss = loss(trial)
-                    if trial_loss < best_loss:
-                        best, best_loss, improved = trial, trial_loss, True
-        stride /= 2
-    return best
+    # starts: the engine from fast to slow, one or two cores' worth of work per engine
+    base = np.log([cal.step_s, cal.step_s_per_seq, cal.dispatch_s, cal.engine_cores, cal.contention])
+    offsets = [np.zeros(5), np.log([2, 4, 1, 2, 1.2]), np.log([0.5, 2, 10, 1.5, 1]), np.log([1, 1, 100, 1, 0.8])]
+    best = min((nelder_mead(loss, base + o, evaluations) for o in offsets[:starts]), key=lambda r: r[1])
+    return at(best[0])
+
+
+def nelder_mead(f, x0: np.ndarray, evaluations: int, step: float = 0.5) -> tuple[np.ndarray, float]:
+    """Minimise f from x0 (the textbook simplex method; numpy only, no scipy dependency)."""
+    points = [np.asarray(x0, float)] + [x0 + step * e for e in np.eye(len(x0))]
+    values = [f(p) for p in points]
+    used = len(points)
+    while used < evaluations:
+        order = np.argsort(values)
+        points, values = [points[i] for i in order], [values[i] for i in order]
+        centre = np.mean(points[:-1], axis=0)
+        reflected = centre + (centre - points[-1])
+        fr = f(reflected)
+        used += 1
+        if fr < values[0]:
+            expanded = centre + 2 * (centre - points[-1])
+            fe = f(expanded)
+            used += 1
+            points[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            points[-1], values[-1] = reflected, fr
+        else:
+            contracted = centre + 0.5 * (points[-1] - centre)
+            fc = f(contracted)
+            used += 1
+            if fc < values[-1]:
+                points[-1], values[-1] = contracted, fc
+            else:
+                points = [points[0]] + [points[0] + 0.5 * (p - points[0]) for p in points[1:]]
+                values = [values[0]] + [f(p) for p in points[1:]]
+                used += len(points) - 1
+    i = int(np.argmin(values))
+    return points[i], values[i]

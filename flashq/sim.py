@@ -4,19 +4,25 @@ The coordinator is not modelled: the simulator drives flashq's own `Orchestrator
 gate, prompt replication, queue scheduling, the schedulers, divided rollout) with modelled parts
 around it:
 - each rollout engine runs continuous batching: every decode step advances each running request
-  and takes T(B) = step_s + step_s_per_seq * B for B running requests, plus prefill_s_per_token
-  for each prompt token of a request it admits that its prefix cache does not hold (a divided
-  response's next chunk on the engine that ran the last one prefills nothing);
+  and takes T = step_s + step_s_per_seq * B + step_s_per_kv_token * K for B running requests
+  holding K tokens of context, plus prefill_s_per_token for each prompt token of a request it
+  admits that its prefix cache does not hold (a divided response's next chunk on the engine that
+  ran the last one prefills nothing);
+- an engine's KV cache holds kv_tokens (0: unlimited): it admits a request only when its context
+  fits, and when the running requests outgrow the cache it preempts the one admitted last, as
+  vLLM does; that request waits at the front and is prefilled again, its tokens so far included;
 - speculative decoding (spec_accept > 0): a step verifying g draft tokens per request costs
   T(B) + verify_s_per_token * B * g and advances each request by the expected accepted length
   (1 - p^(g+1)) / (1 - p); each step picks the g <= spec_max_draft that minimises time per token
   (Seer's marginal-benefit rule): drafts pay in the tail, where a step's fixed part dominates, and
   turn off at large batch when a verified token costs about what a request's decode does;
 - the trainer takes train_s + train_s_per_token * tokens per step, then the weight sync pauses
-  every engine for weight_sync_s;
+  every engine for weight_sync_s; with `rollout.recompute_kv_on_update` each engine then
+  prefills its running requests again (prompt and tokens generated so far);
 - a dispatched request reaches its engine dispatch_s later; reward takes reward_s per response;
 - rollout workers pinned to CPU cores (`placement.rollout`) share them: while k engines are busy
-  on c cores, each steps at c / (k * engine_cores) of its speed when that is below 1.
+  on c cores, each steps at (c / (k * engine_cores)) ** contention of its speed when that is
+  below 1 (contention > 1: oversubscribed cores lose more than their share to switching).
 `Calibration.fit` (flashq/calibration.py) fits those constants to real flashq runs. Output lengths come
 from `sampling.forced_lengths` (the length distribution a user plans for).
 """
@@ -36,12 +42,13 @@ from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest,
 
 
 class _SharedCores:
-    def __init__(self, cores: int, per_engine: float):
-        self.cores, self.per_engine = cores, per_engine
+    def __init__(self, cores: int, per_engine: float, contention: float):
+        self.cores, self.per_engine, self.contention = cores, per_engine, contention
         self.engines: list[_Engine] = []
 
     def slowdown(self) -> float:
-        return max(1.0, sum(1 for e in self.engines if e.running) * self.per_engine / self.cores)
+        demand = sum(1 for e in self.engines if e.running) * self.per_engine / self.cores
+        return max(1.0, demand) ** self.contention
 
 
 class _Engine:
@@ -52,11 +59,16 @@ class _Engine:
         self.name, self.cal, self.max_batch, self.shared = name, cal, max_batch, shared
         if shared is not None:
             shared.engines.append(self)
-        self.running: dict[str, list] = {}  # request id -> [tokens left, request, length]
-        self.waiting: list[tuple[GenerateRequest, int]] = []
+        self.running: dict[str, list] = {}  # request id -> [tokens left, request, length], in admission order
+        self.waiting: list[list] = []  # [tokens left, request, length]: preempted ones go first
+        self.kv_tokens = cal.kv_tokens or float("inf")
+        self.kv = 0.0  # tokens of context the running requests hold
+        self.preemptions = 0
         self.t = 0.0
         self.paused_until = 0.0  # weight sync, prefill
         self.busy_s = 0.0
+        self.load_s = 0.0  # running requests integrated over time: load_s / busy_s is the mean batch
+        self.tokens = 0.0
         self.spec_steps = self.spec_tokens = 0.0  # for the mean acceptance length
         self.cached: set[str] = set()  # responses whose prefix this engine holds
 
@@ -70,31 +82,68 @@ class _Engine:
                 self.spec_tokens += steps * tokens
             for item in self.running.values():
                 item[0] -= steps * tokens
+            self.tokens += steps * tokens * len(self.running)
+            self.kv += steps * tokens * len(self.running)
         if self.running and now > self.t:
             self.busy_s += now - self.t
+            self.load_s += (now - self.t) * len(self.running)
         self.t = max(self.t, now)
 
     def _decode(self) -> tuple[float, float]:
-        step, tokens = self.cal.decode(len(self.running))
+        step, tokens = self.cal.decode(len(self.running), self.kv)
         return (step * self.shared.slowdown() if self.shared else step), tokens
 
     def add(self, now: float, req: GenerateRequest, length: int) -> None:
         self.advance(now)
-        self.waiting.append((req, length))
+        self.waiting.append([float(length), req, length])
         self.fill()
 
+    @staticmethod
+    def _context(item: list) -> float:
+        left, req, length = item
+        return len(req.prompt_ids) + length - left
+
     def fill(self) -> None:
+        """Admit waiting requests while the batch and the KV cache have room (room for the
+        context and one more step of every running request, so an admission is not undone at once)."""
         while self.waiting and len(self.running) < self.max_batch:
-            req, length = self.waiting.pop(0)
-            self.running[req.request_id] = [float(length), req, length]
-            uncached = len(req.prompt_ids) - (req.generated if req.request_id in self.cached else 0)
+            context = self._context(self.waiting[0])
+            if self.running and self.kv + context + len(self.running) + 1 > self.kv_tokens:
+                break
+            item = self.waiting.pop(0)
+            req = item[1]
+            self.running[req.request_id] = item
+            self.kv += context
+            uncached = context - (req.generated if req.request_id in self.cached else 0)
             self.paused_until = max(self.paused_until, self.t) + self.cal.prefill_s_per_token * uncached
             self.cached.add(req.request_id)
 
+    def _preempt(self) -> None:
+        """The KV cache is full: like vLLM, evict the request admitted last; it waits at the front
+        and is prefilled again (prompt and tokens so far) when it is readmitted."""
+        while len(self.running) > 1 and self.kv >= self.kv_tokens - 1e-6:
+            rid = next(reversed(self.running))
+            self.waiting.insert(0, self.running.pop(rid))
+            self.kv -= self._context(self.waiting[0])
+            self.cached.discard(rid)
+            self.preemptions += 1
+
+    def update_weights(self, now: float, pause_s: float, recompute_kv: bool) -> None:
+        """A weight update: the engine pauses, and drops its KV cache if told to, so every running
+        request is prefilled again, the tokens it has generated included."""
+        self.advance(now)
+        self.paused_until = max(self.paused_until, now) + pause_s
+        if recompute_kv:
+            self.cached.clear()
+            self.paused_until += self.cal.prefill_s_per_token * self.kv
+
     def next_finish(self) -> float:
+        """When the engine next changes: a request finishes or its KV cache fills up."""
         if not self.running:
             return float("inf")
         left = max(0.0, min(item[0] for item in self.running.values()))
+        if len(self.running) > 1:
+            left = min(left, max(0.0, (self.kv_tokens - self.kv) / len(self.running)))
         step, tokens = self._decode()
         return max(self.t, self.paused_until) + left / tokens * step
 
@@ -103,7 +152,8 @@ class _Engine:
         done = [rid for rid, item in self.running.items() if item[0] <= 1e-6]
         out = [(self.running[rid][1], self.running[rid][2]) for rid in done]
         for rid in done:
-            del self.running[rid]
+            self.kv -= self._context(self.running.pop(rid))
+        self._preempt()
         self.fill()
         return out
 
@@ -127,7 +177,7 @@ class Simulation:
         self.orch = Orchestrator(cfg, Prompts(), lambda t: np.full(prompt_tokens, int(t["id"]) % 30000 + 1, np.int32) + np.arange(prompt_tokens, dtype=np.int32),
                                  workers, ["reward-0"], clock=lambda: self.now)
         cores = rollout_cores or len(cfg.placement.rollout)
-        shared = _SharedCores(cores, cal.engine_cores) if cores else None
+        shared = _SharedCores(cores, cal.engine_cores, cal.contention) if cores else None
         batch = min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker)
         self.engines = {w: _Engine(w, cal, batch, shared) for w in workers}
         self.events: list = []
@@ -199,8 +249,7 @@ class Simulation:
                 orch.on_step_trained(version)
                 orch.on_batch_request(1)
                 for e in self.engines.values():
-                    e.advance(now)
-                    e.paused_until = max(e.paused_until, now) + self.cal.weight_sync_s
+                    e.update_weights(now, self.cal.weight_sync_s, self.cfg.rollout.recompute_kv_on_update)
                 self._push(now + self.cal.weight_sync_s, "served", version)
                 step_ends.append(now + self.cal.weight_sync_s)
             elif kind == "served":
@@ -218,6 +267,7 @@ class Simulation:
             "step_s_per_step": [float(x) for x in steps],
             "tokens_per_s": tokens / step_ends[-1],
             "engine_idle_share": float(np.mean([1 - e.busy_s / step_ends[-1] for e in self.engines.values()])),
+            "engines": {w: {"busy_s": e.busy_s, "load_s": e.load_s, "tokens": e.tokens} for w, e in self.engines.items()},
             **self._rollout_phases(),
             "mean_acceptance_length": spec_tokens / spec_steps if spec_steps else 1.0,
         }

@@ -56,7 +56,7 @@ def test_calibration_fits_runs_by_simulating_them(tmp_path):
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
         dump_config(cfg, tmp_path / name / "config.yaml")
         runs.append((tmp_path / name, (result["seconds"] - result["step_s_per_step"][0]) / 5))
-    cal = Calibration.fit([r for r, _ in runs])
+    cal = Calibration.fit([r for r, _ in runs], starts=1, evaluations=60)
     assert cal.train_s_per_token == pytest.approx(1e-5, rel=1e-6) and cal.weight_sync_s == pytest.approx(0.2)
     for run, seconds in runs:
         predicted = Simulation(load_config(run / "config.yaml"), cal).run()
@@ -88,3 +88,34 @@ def test_tail_time_is_the_last_tenth_of_each_steps_responses():
     ends = sorted(t for rid, t in sim.finished.items() if int(rid.split("/")[0][1:]) < 8)
     assert result["tail_s_per_step"][0] == pytest.approx(ends[-1] - ends[57])  # the 58th of 64 finished: 90% done
     assert 0 < result["tail_s_mean"] < result["rollout_s_mean"]
+
+
+def test_a_full_kv_cache_preempts_and_costs_time_but_loses_no_request():
+    """Every request dispatched at once into an engine whose cache holds a few of them: vLLM
+    preempts the request admitted last and prefills it again later, so the run is slower than
+    with room for all, and every response still arrives whole."""
+    cal = Calibration(step_s_per_kv_token=1e-6, prefill_s_per_token=1e-4)
+    roomy_sim = simulate("async_ratio=0", "trainer.steps=2", "rollout.max_inflight_per_worker=64", cal=cal)
+    tight_sim = simulate("async_ratio=0", "trainer.steps=2", "rollout.max_inflight_per_worker=64",
+                         cal=Calibration(**{**cal.__dict__, "kv_tokens": 1000.0}))
+    roomy, tight = roomy_sim.run(), tight_sim.run()
+    assert sum(e.preemptions for e in roomy_sim.engines.values()) == 0
+    assert sum(e.preemptions for e in tight_sim.engines.values()) > 0
+    assert tight["seconds"] > roomy["seconds"]
+    assert tight_sim.orch.ledger.summary(tight_sim.orch.buffer)["samples_trained"] == 2 * 8 * 8
+    for engine in tight_sim.engines.values():
+        assert not engine.running and not engine.waiting
+
+
+def test_step_time_grows_with_the_context_the_cache_holds():
+    cal = Calibration(step_s=1e-3, step_s_per_seq=0.0, step_s_per_kv_token=1e-6)
+    assert cal.decode(8, kv=0.0)[0] == pytest.approx(1e-3) and cal.decode(8, kv=4000.0)[0] == pytest.approx(5e-3)
+
+
+def test_oversubscribed_cores_lose_more_than_their_share_with_contention_above_one():
+    def run(workers, contention):
+        return simulate("async_ratio=0", "placement.rollout=[0]", f"rollout.num_workers={workers}",
+                        cal=Calibration(engine_cores=1.0, contention=contention)).run()["seconds"]
+
+    assert run(2, 1.5) > run(2, 1.0)  # two engines on one core: switching costs on top of sharing
+    assert run(1, 1.5) == run(1, 1.0)  # one engine on its core: nothing is oversubscribed
