@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.metrics import read_metrics  # noqa: E402
-from flashq.calibration import Calibration, measured_step_s, simulated_step_s  # noqa: E402
+from flashq.calibration import Calibration, measured_engine_rates, measured_step_s, simulated_step_s  # noqa: E402
 from flashq.sim import Simulation  # noqa: E402
 
 ASYNC = ROOT / "bench" / "configs" / "longtail.yaml"  # 2 workers sharing one core, engine batch up to 256
@@ -68,6 +68,14 @@ def measured(run: Path) -> dict:
     return {"step_s": measured_step_s(run), "tokens_per_s": last["rollout/tokens_total"] / last["time/since_generation_s"]}
 
 
+def engine_rates(run: Path, sim: dict) -> dict:
+    """Each engine's output tokens per busy second, measured (request trace) and predicted."""
+    real = measured_engine_rates(run)
+    predicted = {w: e["tokens"] / e["busy_s"] for w, e in sim["engines"].items() if e["busy_s"] > 0}
+    return {"measured_engine_tokens_per_busy_s": real, "predicted_engine_tokens_per_busy_s": predicted,
+            "engine_rate_max_abs_error": max((abs(predicted[w] / v - 1) for w, v in real.items()), default=float("nan"))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=Path, help="keep the real runs here (default: a temporary directory)")
@@ -89,13 +97,15 @@ def main() -> None:
                          "workers": cfg.rollout.num_workers, "scheduler": cfg.rollout.scheduler,
                          "engine_batch": min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker),
                          "measured_step_s": real["step_s"], "predicted_step_s": pred, "rel_error": pred / real["step_s"] - 1,
-                         "measured_tokens_per_s": real["tokens_per_s"], "predicted_tokens_per_s": sim["tokens_per_s"]})
+                         "measured_tokens_per_s": real["tokens_per_s"], "predicted_tokens_per_s": sim["tokens_per_s"],
+                         **engine_rates(root / name, sim)})
     print_table(
         "flashq sim vs real runs on this machine (seconds per trainer step)",
         rows,
         [("run", "run", ""), ("calibration_run", "fitted on", ""), ("measured_step_s", "measured s", ".3f"),
          ("predicted_step_s", "predicted s", ".3f"), ("rel_error", "error", "+.1%"),
-         ("measured_tokens_per_s", "measured tok/s", ",.0f"), ("predicted_tokens_per_s", "predicted tok/s", ",.0f")],
+         ("measured_tokens_per_s", "measured tok/s", ",.0f"), ("predicted_tokens_per_s", "predicted tok/s", ",.0f"),
+         ("engine_rate_max_abs_error", "engine tok/busy s error", ".1%")],
     )
     from bench.paper_sims import paper_rows
 
@@ -117,10 +127,14 @@ def main() -> None:
     path = write_result("sim", {"calibration": cal.__dict__, "real_runs": rows, "paper_fit": fit.__dict__,
                                   "paper_figures": papers}, figures,
                         notes="Real runs: relative error of predicted vs measured seconds per trainer step in steady "
-                              "state (first step to last), the "
-                              "simulator fitted on the calibration runs only (calibration_run). Paper figures: each simulated "
-                              "from the workload its paper publishes, what it leaves out fitted once on Moonlight's "
-                              "veRL baseline (paper_fit) or set by the rules in bench/paper_sims.py.")
+                              "state (first step to last), the simulator fitted on the calibration runs only "
+                              "(calibration_run); engine_rate_max_abs_error: the worst engine's tokens per busy second. "
+                              "Every run pins the engines to core 0 and the other roles to core 1. Left unpinned "
+                              "(engines on cores 0-1, the rest floating), one engine ran at 2,100-2,300 tokens per busy "
+                              "second but two engines at 570-980 each, a loss to OS contention the simulator does not "
+                              "model: fitted on the pinned async runs, it predicted those two runs 58-62% short. Paper figures: each "
+                              "simulated from the workload its paper publishes, what it leaves out fitted once on "
+                              "Moonlight's veRL baseline (paper_fit) or set by the rules in bench/paper_sims.py.")
     print(f"figures: {figures}\nwrote {path}")
 
 
