@@ -34,7 +34,7 @@ ASYNC = ROOT / "bench" / "configs" / "longtail.yaml"  # 2 workers sharing one co
 SCHED = ROOT / "bench" / "configs" / "sched.yaml"  # synchronous, 2 workers with batch 8, heavy tail
 # Every run lays the roles out as ASYNC does: the engines share core 0, the rest runs on core 1
 # (disaggregated, as on a cluster). Left unpinned, two engines with the coordinator, trainer and
-# reward floating over both cores ran 2-3x slower per engine than one engine did, an OS effect the
+# reward floating over both cores ran 2-4x slower per engine than one engine did, an OS effect the
 # simulator does not model (see the notes in bench/results/sim.json).
 DISAGGREGATED = ["placement.rollout=[0]", "placement.trainer=[1]", "placement.reward=[1]", "placement.coordinator=[1]"]
 REAL_RUNS = [

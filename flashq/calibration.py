@@ -28,15 +28,15 @@ import numpy as np
 class Calibration:
     """Defaults: the tiny model's flashq runs on this 2-core CPU, as `python bench/sim.py` fits them."""
 
-    step_s: float = 2.05e-3  # decode step of one engine at full speed, fixed part
-    step_s_per_seq: float = 4.9e-5  # added per running request
+    step_s: float = 2.08e-3  # decode step of one engine at full speed, fixed part
+    step_s_per_seq: float = 4.6e-5  # added per running request
     step_s_per_kv_token: float = 0.0  # added per token held in the KV cache (attention reads it every step)
     prefill_s_per_token: float = 2e-5
     train_s: float = 0.55
     train_s_per_token: float = 7.6e-5
     weight_sync_s: float = 0.071
     reward_s: float = 0.002
-    dispatch_s: float = 1.1e-3  # from a freed slot to the next request's admission: per-request overhead
+    dispatch_s: float = 1.8e-3  # from a freed slot to the next request's admission: per-request overhead
     engine_cores: float = 1.41  # CPU cores one engine keeps busy at full speed (its engine and worker processes)
     contention: float = 1.18  # exponent on the slowdown of oversubscribed cores
     kv_tokens: float = 0.0  # tokens one engine's KV cache holds (0: unlimited); full, it preempts
