@@ -11,6 +11,7 @@ as in systems that hand each engine a contiguous slice of the batch (veRL).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable, Generic, TypeVar
 
 from flashq.metrics import BusyClock
@@ -21,12 +22,15 @@ T = TypeVar("T")
 
 class LeastLoadedQueue(Generic[T]):
     def __init__(self, workers: list[str], cap_per_worker: int, order: WaitingOrder | None = None,
-                 affinity: Callable[[T], str] | None = None):
+                 affinity: Callable[[T], str] | None = None, max_homes: int = 1 << 16):
+        """`max_homes`: affinity keys remembered at once; the least recently used is forgotten
+        first (a key that outlives its groups, such as a prompt, must not grow without bound)."""
         if not workers:
             raise ValueError("need at least one worker")
         self.cap = cap_per_worker
         self.affinity = affinity
-        self.home: dict[str, str] = {}  # affinity key -> the worker its first item went to
+        self.max_homes = max_homes
+        self.home: OrderedDict[str, str] = OrderedDict()  # affinity key -> the worker its first item went to
         self.load: dict[str, int] = {w: 0 for w in workers}
         self.clocks: dict[str, BusyClock] = {w: BusyClock() for w in workers}  # utilisation as dispatched
         self.waiting = order if order is not None else FifoOrder()
@@ -47,12 +51,18 @@ class LeastLoadedQueue(Generic[T]):
                 break
             item = self.waiting.pop()
             if self.affinity is not None:
-                home = self.home.setdefault(self.affinity(item), worker)
-                worker = home if self.load[home] < self.cap else worker  # spill when home is full
+                worker = self._home(self.affinity(item), worker)
             self.load[worker] += 1
             self.clocks[worker].begin()
             out.append((worker, item))
         return out
+
+    def _home(self, key: str, least_loaded: str) -> str:
+        home = self.home.setdefault(key, least_loaded)
+        self.home.move_to_end(key)
+        while len(self.home) > self.max_homes:
+            self.home.popitem(last=False)
+        return home if self.load[home] < self.cap else least_loaded  # spill when home is full
 
     def withdraw(self, group_id: str) -> list[T]:
         """Take a group's waiting items out of the queue (they will not be dispatched)."""
@@ -74,7 +84,7 @@ class LeastLoadedQueue(Generic[T]):
         self.load.pop(worker, None)
         if worker in self.clocks:
             self.clocks[worker].clear()
-        self.home = {key: w for key, w in self.home.items() if w != worker}
+        self.home = OrderedDict((key, w) for key, w in self.home.items() if w != worker)
 
     def add_worker(self, worker: str) -> None:
         """A (restarted) worker takes requests again, starting with nothing in flight."""

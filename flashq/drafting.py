@@ -118,9 +118,12 @@ class _Request:
     follow: list = field(default_factory=list)  # the matches that agreed with all of it, moved past what was accepted
 
 
+HISTORY_PROMPTS = 4096  # prompts whose earlier responses one engine's drafter keeps
+
+
 class GroupedDrafter:
     def __init__(self, history_epochs: int = 2, min_prob: float = 0.1, orders: tuple[int, ...] = (8, 4, 2, 1),
-                 max_history_prompts: int = 4096, recent_responses: int = 512):
+                 max_history_prompts: int = HISTORY_PROMPTS, recent_responses: int = 512):
         self.min_prob, self.orders = min_prob, orders
         self.groups: dict[str, MatchIndex] = {}
         self.group_prompt: dict[str, tuple[tuple[int, ...], MatchIndex]] = {}  # the prompt and its index

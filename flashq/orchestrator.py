@@ -27,6 +27,7 @@ from flashq.checkpoint import STATE_SCHEMA, GroupState, OrchestratorState
 from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
 from flashq.divided import DividedRollout
+from flashq.drafting import HISTORY_PROMPTS
 from flashq.lengths import LengthEstimates, forced_length
 from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
@@ -105,6 +106,7 @@ class Orchestrator:
         self.gen_queue: LeastLoadedQueue[GenerateRequest] = LeastLoadedQueue(
             rollout_workers, cfg.rollout.max_inflight_per_worker, self._waiting_order(),
             affinity=self._affinity(),
+            max_homes=HISTORY_PROMPTS * len(rollout_workers),  # beyond that no engine holds a prompt's history
         )
         self.score_queue: LeastLoadedQueue[ScoreRequest] = LeastLoadedQueue(
             reward_workers, cfg.reward.max_inflight_per_worker

@@ -49,3 +49,11 @@ def test_affinity_keeps_a_group_on_one_worker_and_spills_when_it_is_full():
     assert got == [("a", "g0/0"), ("a", "g0/1"), ("b", "g1/0"), ("a", "g0/2"), ("b", "g0/3"), ("b", "g1/1")]
     q.forget("g0")
     assert "g0" not in q.home and q.home["g1"] == "b"
+
+
+def test_affinity_homes_are_bounded_and_the_least_recently_used_is_forgotten():
+    q = LeastLoadedQueue(["a", "b"], cap_per_worker=100, affinity=lambda item: item.split("/")[0], max_homes=2)
+    for item in ["p0/0", "p1/0", "p0/1", "p2/0"]:  # p0 used again after p1, so p1 is the oldest when p2 arrives
+        q.submit(item)
+    q.assignments()
+    assert list(q.home) == ["p0", "p2"]
