@@ -53,7 +53,8 @@ class _SharedCores:
 
 class _Engine:
     """Continuous batching in closed form: between events the batch is constant, so progress is
-    elapsed time over T(B). Requests beyond the engine's batch wait inside it, in arrival order."""
+    elapsed time over the step time, taken at the interval's start (the KV part grows a little
+    within it). Requests beyond the engine's batch or cache wait inside it, in arrival order."""
 
     def __init__(self, name: str, cal: Calibration, max_batch: int, shared: _SharedCores | None = None):
         self.name, self.cal, self.max_batch, self.shared = name, cal, max_batch, shared
@@ -267,7 +268,8 @@ class Simulation:
             "step_s_per_step": [float(x) for x in steps],
             "tokens_per_s": tokens / step_ends[-1],
             "engine_idle_share": float(np.mean([1 - e.busy_s / step_ends[-1] for e in self.engines.values()])),
-            "engines": {w: {"busy_s": e.busy_s, "load_s": e.load_s, "tokens": e.tokens} for w, e in self.engines.items()},
+            "engines": {w: {"busy_s": e.busy_s, "load_s": e.load_s, "tokens": e.tokens, "preemptions": e.preemptions}
+                        for w, e in self.engines.items()},
             **self._rollout_phases(),
             "mean_acceptance_length": spec_tokens / spec_steps if spec_steps else 1.0,
         }
