@@ -153,7 +153,7 @@ def fit_engine(cal: Calibration, run_dirs: list[Path], starts: int = 4, evaluati
         return total
 
     # starts: the engine from fast to slow, one or two cores' worth of work per engine
-    base = np.log([cal.step_s, cal.step_s_per_seq, cal.dispatch_s, cal.engine_cores, cal.contention])
+    base = np.log([getattr(cal, name) for name in ENGINE_CONSTANTS])
     offsets = [np.zeros(5), np.log([2, 4, 1, 2, 1.2]), np.log([0.5, 2, 10, 1.5, 1]), np.log([1, 1, 100, 1, 0.8])]
     best = min((nelder_mead(loss, base + o, evaluations) for o in offsets[:starts]), key=lambda r: r[1])
     return at(best[0])

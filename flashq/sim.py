@@ -124,8 +124,9 @@ class _Engine:
         and is prefilled again (prompt and tokens so far) when it is readmitted."""
         while len(self.running) > 1 and self.kv >= self.kv_tokens - 1e-6:
             rid = next(reversed(self.running))
-            self.waiting.insert(0, self.running.pop(rid))
-            self.kv -= self._context(self.waiting[0])
+            item = self.running.pop(rid)
+            self.waiting.insert(0, item)
+            self.kv -= self._context(item)
             self.cached.discard(rid)
             self.preemptions += 1
 

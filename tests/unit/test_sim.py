@@ -119,3 +119,19 @@ def test_oversubscribed_cores_lose_more_than_their_share_with_contention_above_o
 
     assert run(2, 1.5) > run(2, 1.0)  # two engines on one core: switching costs on top of sharing
     assert run(1, 1.5) == run(1, 1.0)  # one engine on its core: nothing is oversubscribed
+
+
+def test_engine_rates_count_tokens_over_busy_time_inside_the_steady_window(tmp_path):
+    """Between the first and last trainer step (t = 10 .. 30): worker a is busy 10-20 (two
+    overlapping responses, counted once) and generates 100 + 50 tokens there; worker b's response
+    runs 0-20, so only its half inside the window counts."""
+    from flashq.calibration import measured_engine_rates
+
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "step", "step": i, "time/since_generation_s": t}) + "\n" for i, t in ((1, 10.0), (2, 30.0))))
+    trace = [{"worker": "a", "sent": 10.0, "finished": 20.0, "tokens": 100},
+             {"worker": "a", "sent": 15.0, "finished": 20.0, "tokens": 50},
+             {"worker": "b", "sent": 0.0, "finished": 20.0, "tokens": 400}]
+    assert measured_engine_rates(tmp_path) == {}
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
+    assert measured_engine_rates(tmp_path) == pytest.approx({"a": 150 / 10, "b": 200 / 10})
