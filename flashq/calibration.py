@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +62,24 @@ class Calibration:
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
-        return cls(**json.loads(Path(path).read_text()))
+        """Read constants saved by `save` (or written by hand); a bad file names what is wrong."""
+        from flashq.config import ConfigError
+
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"calibration {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"calibration {path}: expected a JSON object of constants, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        if unknown := sorted(set(data) - known):
+            raise ConfigError(f"calibration {path}: unknown constant(s) {unknown}; known: {sorted(known)}")
+        for name, value in data.items():
+            if name == "source":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"calibration {path}: {name} must be a number >= 0, got {value!r}")
+        return cls(**data)
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -135,3 +135,17 @@ def test_engine_rates_count_tokens_over_busy_time_inside_the_steady_window(tmp_p
     assert measured_engine_rates(tmp_path) == {}
     (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
     assert measured_engine_rates(tmp_path) == pytest.approx({"a": 150 / 10, "b": 200 / 10})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "calibration"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"stepz": 1}', r"unknown constant\(s\) \['stepz'\]"),
+    ('{"step_s": "fast"}', "step_s must be a number >= 0, got 'fast'"),
+    ('{"kv_tokens": -5}', "kv_tokens must be a number >= 0"),
+])
+def test_a_bad_calibration_file_names_what_is_wrong(tmp_path, text, message):
+    path = tmp_path / "cal.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        Calibration.load(path)
