@@ -1,111 +1,26 @@
 """Draft tokens from what sibling responses and earlier epochs already said (Seer, RhymeRL).
 
-The n responses to one prompt share most of their tokens, and a prompt's responses in the last
-epoch predict this epoch's. `MatchIndex` remembers where each short n-gram (n in `orders`)
-occurred in a set of growing sequences; `speculate` finds the places where the end of a context
-occurred before and follows their continuations, one token at a time, taking the most frequent
-next token while the share of matches that agree on the whole path (its probability) stays above
-`min_prob`. The draft is scored by the sum of those probabilities (SuffixDecoding's rule); the
-longest match comes first and a full-length draft ends the search. A token costs one dict append
-per order, which keeps drafting far cheaper than the verification it saves (a suffix trie costs
-a node per depth per token).
-
-`GroupedDrafter` keeps one index per group (every sibling's prompt tail and accepted tokens, the
-request's own output among them), one per prompt over its responses in earlier epochs (the last
-`history_epochs`), one over the latest responses to any prompt (what prompts share: a tool call's
-syntax, an answer format; SuffixDecoding's global tree), and one per group over its prompt, and
-proposes the best-scoring draft of them. Drafts are proposals only: verification by the target
-model keeps sampling exact (see `replay` for how acceptance works).
+`GroupedDrafter` keeps one `MatchIndex` (flashq.match_index: where each short n-gram occurred,
+and the most probable continuation from there) per group (every sibling's prompt tail and
+accepted tokens, the request's own output among them), one per prompt over its responses in
+earlier epochs (the last `history_epochs`), one over the latest responses to any prompt (what
+prompts share: a tool call's syntax, an answer format; SuffixDecoding's global tree), and one
+per group over its prompt, and proposes the best-scoring draft of them. Drafts are proposals
+only: verification by the target model keeps sampling exact (see `replay` for how acceptance
+works).
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from flashq.match_index import MatchIndex
+
 PROMPT_TAIL = 4  # prompt tokens put before each response in the shared indexes
-MAX_MATCHES = 16  # most recent occurrences followed per draft
-
-
-class MatchIndex:
-    def __init__(self, orders: tuple[int, ...] = (8, 4, 2, 1)):
-        self.orders = tuple(sorted(orders, reverse=True))
-        self.seqs: list[list[int]] = []
-        self.ids: dict[object, int] = {}
-        # hash of an n-gram -> where it occurred: (sequence index << 32) | position after it. Plain
-        # ints keep the garbage collector out of an index of millions of entries; a hash
-        # collision can only cost a rejected draft, never a wrong output.
-        self.table: dict[int, list[int]] = {}
-
-    def sequence(self, seq_id: object) -> list[int]:
-        i = self.ids.get(seq_id)
-        if i is None:
-            i = self.ids[seq_id] = len(self.seqs)
-            self.seqs.append([])
-        return self.seqs[i]
-
-    def extend(self, seq_id: object, tokens) -> None:
-        """Append tokens to sequence `seq_id`, recording every n-gram that now ends at its tail."""
-        seq = self.sequence(seq_id)
-        base = self.ids[seq_id] << 32
-        table = self.table
-        orders = self.orders
-        for t in tokens:
-            seq.append(int(t))
-            end = len(seq)
-            code = base | end
-            for n in orders:
-                if end >= n:
-                    key = hash(tuple(seq[end - n:]))
-                    hits = table.get(key)
-                    if hits is None:
-                        table[key] = [code]
-                    else:
-                        hits.append(code)
-
-    def speculate(self, context, max_tokens: int, min_prob: float = 0.1) -> tuple[list[int], float, list]:
-        """Best draft (its score, and the matches that agree with all of it) continuing the end of
-        `context`: the longest matches first, stopping at the first draft as long as allowed (a
-        shorter match rarely beats it)."""
-        best: tuple[list[int], float, list] = ([], 0.0, [])
-        seqs = self.seqs
-        for n in self.orders:
-            if len(context) < n:
-                continue
-            occurrences = self.table.get(hash(tuple(context[-n:])))
-            if not occurrences:
-                continue
-            matches = []
-            for code in occurrences[-MAX_MATCHES:]:
-                seq, pos = seqs[code >> 32], code & 0xFFFFFFFF
-                if pos < len(seq):
-                    matches.append((seq, pos))
-            draft, score, agreeing = _follow(matches, max_tokens, min_prob)
-            if score > best[1]:
-                best = (draft, score, agreeing)
-            if len(draft) >= max_tokens:
-                break
-        return best
-
-
-def _follow(matches: list[tuple[list[int], int]], max_tokens: int, min_prob: float) -> tuple[list[int], float, list]:
-    """Walk the matches' continuations: the most frequent next token while the share of
-    matches agreeing on the whole path stays at least `min_prob`."""
-    draft: list[int] = []
-    score, total = 0.0, len(matches)
-    while matches and len(draft) < max_tokens:
-        nexts = [seq[pos] for seq, pos in matches]
-        token = nexts[0]
-        count = nexts.count(token)
-        if count < len(nexts):  # they disagree: take the most frequent
-            token, count = Counter(nexts).most_common(1)[0]
-        prob = count / total
-        if prob < min_prob:
-            break
-        draft.append(token)
-        score += prob
-        matches = [(seq, pos + 1) for seq, pos in matches if seq[pos] == token and pos + 1 < len(seq)]
-    return draft, score, matches
+_NONE = np.empty(0, np.int32)
 
 
 @dataclass
@@ -115,7 +30,8 @@ class _Request:
     prompt: MatchIndex  # shared by the requests of a group with the same prompt
     tail: int  # prompt tokens at the start of its sequence in the group index
     draft: list[int] = field(default_factory=list)  # the last draft proposed
-    follow: list = field(default_factory=list)  # the matches that agreed with all of it, moved past what was accepted
+    source: MatchIndex | None = None  # the index it came from
+    follow: np.ndarray = field(default_factory=lambda: _NONE)  # there, the matches that agreed with all of it, moved past what was accepted
 
 
 HISTORY_PROMPTS = 4096  # prompts whose earlier responses one engine's drafter keeps
@@ -124,7 +40,7 @@ HISTORY_PROMPTS = 4096  # prompts whose earlier responses one engine's drafter k
 class GroupedDrafter:
     def __init__(self, history_epochs: int = 2, min_prob: float = 0.1, orders: tuple[int, ...] = (8, 4, 2, 1),
                  max_history_prompts: int = HISTORY_PROMPTS, recent_responses: int = 512):
-        self.min_prob, self.orders = min_prob, orders
+        self.min_prob, self.orders, self.context_len = min_prob, orders, max(orders)
         self.groups: dict[str, MatchIndex] = {}
         self.group_prompt: dict[str, tuple[tuple[int, ...], MatchIndex]] = {}  # the prompt and its index
         # a finished group's index is its prompt's history as it stands (nothing is indexed twice);
@@ -156,40 +72,41 @@ class GroupedDrafter:
         they are the whole last draft and one more token, the matches behind that draft that also
         predicted the extra token carry on to the next draft, without a new search."""
         req = self.requests[request_id]
-        tokens = [int(t) for t in tokens]
+        tokens = np.asarray(tokens, dtype=np.int32)
         self.groups[req.group_id].extend(request_id, tokens)
-        follow = []
-        if req.follow and len(tokens) == len(req.draft) + 1 and tokens[:-1] == req.draft:
-            follow = [(seq, pos + 1) for seq, pos in req.follow if seq[pos] == tokens[-1] and pos + 1 < len(seq)]
+        follow = _NONE
+        if len(req.follow) and len(tokens) == len(req.draft) + 1 and tokens[:-1].tolist() == req.draft:
+            follow = req.source.advance(req.follow, int(tokens[-1]))
         req.follow, req.draft = follow, []
 
     def propose(self, request_id: str, max_tokens: int, min_prob: float | None = None) -> list[int]:
         """The best draft of up to `max_tokens` tokens whose path probability stays above `min_prob`."""
         req = self.requests[request_id]
         min_prob = self.min_prob if min_prob is None else min_prob
-        group = self.groups[req.group_id]
-        context = group.sequence(request_id)  # the prompt's tail, then every accepted token
-        if len(context) < self.orders[0]:
-            context = list(req.prompt_key[: len(req.prompt_key) - req.tail]) + context
-        best: tuple[list[int], float, list] = ([], 0.0, [])
-        if req.follow:  # the last draft was accepted whole: go on from where its matches are
-            best = _follow(req.follow, max_tokens, min_prob)
+        best: tuple[list[int], float, np.ndarray] = ([], 0.0, _NONE)
+        source = req.source
+        if len(req.follow):  # the last draft was accepted whole: go on from where its matches are
+            best = source.follow(req.follow, max_tokens, min_prob)
         if not best[0]:
+            group = self.groups[req.group_id]
+            context = group.tail(request_id, self.context_len)  # the prompt's tail, then the accepted tokens
+            if group.length(request_id) < self.context_len:
+                context = np.concatenate([np.asarray(req.prompt_key[: len(req.prompt_key) - req.tail], np.int32), context])
             sources = (*reversed(self.history.get(req.prompt_key, ())), group, *self.recent, req.prompt)
             for index in sources:  # the usually best source first
                 found = index.speculate(context, max_tokens, min_prob)
                 if (found[1], len(found[0])) > (best[1], len(best[0])):
-                    best = found
+                    best, source = found, index
                 if len(best[0]) >= max_tokens:  # as long as allowed: later sources are rarely better
                     break
-        req.draft, req.follow = best[0], best[2]
+        req.draft, req.source, req.follow = best[0], source, best[2]
         return best[0]
 
     def finish(self, request_id: str) -> None:
         req = self.requests.pop(request_id)
         if self.recent_responses:
             response = self.groups[req.group_id].sequence(request_id)[req.tail:]
-            if len(self.recent[0].seqs) >= self.recent_responses:
+            if self.recent[0].num_sequences >= self.recent_responses:
                 self.recent = [MatchIndex(self.orders), self.recent[0]]
             self.recent[0].extend(request_id, response)
 
@@ -198,7 +115,7 @@ class GroupedDrafter:
         prompt comes round (an epoch later)."""
         index = self.groups.pop(group_id, None)
         prompt_key, _ = self.group_prompt.pop(group_id, (None, None))
-        if index is None or not index.seqs or not self.history_epochs:
+        if index is None or not index.num_sequences or not self.history_epochs:
             return
         self.history.setdefault(prompt_key, deque(maxlen=self.history_epochs)).append(index)
         self.history.move_to_end(prompt_key)

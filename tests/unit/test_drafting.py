@@ -1,7 +1,13 @@
 """The grouped drafter: suffix matching, siblings and history as draft sources, and a replay that
 never shows a sibling's future tokens."""
 
+import random
+from collections import Counter
+
+import pytest
+
 from flashq.drafting import GroupedDrafter, MatchIndex, replay
+from flashq.match_index import MAX_MATCHES
 
 
 def test_match_index_follows_the_most_frequent_continuation():
@@ -62,7 +68,58 @@ def test_an_accepted_draft_goes_on_from_its_matches_without_a_new_search():
     drafter.accept("g0/1", [10])
     assert drafter.propose("g0/1", 3) == [11, 12, 13]
     drafter.accept("g0/1", [11, 12, 13, 14])  # all three accepted, and the target's own 14
-    assert drafter.requests["g0/1"].follow  # carried on
+    assert len(drafter.requests["g0/1"].follow)  # carried on
     assert drafter.propose("g0/1", 3) == [15, 16, 17]
     drafter.accept("g0/1", [15, 99])  # a rejection: the next draft searches afresh
-    assert not drafter.requests["g0/1"].follow
+    assert not len(drafter.requests["g0/1"].follow)
+
+
+def _reference_speculate(seqs: list[list[int]], order_of_arrival: list[tuple[int, int]], orders, context, max_tokens, min_prob):
+    """The matching rule spelled out on plain lists: for each order, longest first, the latest
+    MAX_MATCHES occurrences of the context's last n tokens that have a continuation, followed
+    while the most frequent next token keeps its share at least `min_prob` (ties: the oldest)."""
+    best = ([], 0.0)
+    for n in sorted(orders, reverse=True):
+        if len(context) < n:
+            continue
+        matches = []
+        for s, end in reversed(order_of_arrival):  # newest first
+            if end >= n and seqs[s][end - n:end] == list(context[-n:]) and end < len(seqs[s]) and len(matches) < MAX_MATCHES:
+                matches.append((s, end))
+        if not matches:
+            continue
+        draft, score, total = [], 0.0, len(matches)
+        while matches and len(draft) < max_tokens:
+            counts = Counter(seqs[s][p] for s, p in matches)
+            top = max(counts.values())
+            token = [seqs[s][p] for s, p in matches if counts[seqs[s][p]] == top][-1]
+            if top / total < min_prob:
+                break
+            draft.append(token)
+            score += top / total
+            matches = [(s, p + 1) for s, p in matches if seqs[s][p] == token and p + 1 < len(seqs[s])]
+        if score > best[1]:
+            best = (draft, score)
+        if len(draft) >= max_tokens:
+            break
+    return best
+
+
+@pytest.mark.parametrize("orders", [(6, 3, 1), (1,)])  # (1,): more than MAX_MATCHES occurrences to choose from
+def test_the_compiled_index_matches_the_rule_spelled_out_on_lists(orders):
+    rng = random.Random(0)
+    index = MatchIndex(orders, capacity=4)  # tiny: the arrays and the table grow many times
+    seqs: list[list[int]] = [[] for _ in range(6)]
+    arrival: list[tuple[int, int]] = []  # (sequence, length after the token), in arrival order
+    for step in range(300):
+        s = rng.randrange(len(seqs))
+        chunk = [rng.choice((1, 2, 3, 4, 5)) if rng.random() < 0.3 else (len(seqs[s]) + k) % 7 for k in range(rng.randint(1, 4))]
+        index.extend(s, chunk)
+        for t in chunk:
+            seqs[s].append(t)
+            arrival.append((s, len(seqs[s])))
+        context = seqs[rng.randrange(len(seqs))][-8:] or [1]
+        draft, score, _ = index.speculate(context, max_tokens=5, min_prob=0.2)
+        want = _reference_speculate(seqs, arrival, orders, context, 5, 0.2)
+        assert (draft, round(score, 9)) == (want[0], round(want[1], 9)), step
+    assert [index.sequence(s) for s in range(len(seqs))] == seqs
