@@ -72,7 +72,11 @@ async def epoch(engine, groups: list[np.ndarray], n: int, max_tokens: int, tag: 
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     tokens = sum(len(s.token_ids) for s in samples)
     drafts, drafted, accepted = (delta.get(k, 0.0) for k in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens"))
+    steps = delta["engine_steps"]
     return {"tokens": tokens, "makespan_s": makespan, "tokens_per_s": tokens / makespan,
+            "engine_steps": steps, "ms_per_step": 1e3 * makespan / steps if steps else None,
+            # positions each step verified: one per running request, plus its draft tokens
+            "positions_per_step": (tokens - accepted + drafted) / steps if steps else None,
             "tool_call_share": float(np.mean([len(s.token_ids) > 40 for s in samples])),
             "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
             "tokens_per_forward": tokens / (tokens - accepted),  # each request-step without a draft emits one token
@@ -136,7 +140,6 @@ def main() -> None:
         model_dir = ROOT / output_dir(load_config(CONFIG))
         if not (model_dir / "flashq_sft.json").exists():
             subprocess.run([sys.executable, "-m", "flashq.cli", "sft", str(CONFIG)], cwd=ROOT, check=True)
-    os.environ["FLASHQ_DRAFT_STATS_EVERY"] = "1"  # drafting time per epoch, not 50 steps stale
     suffix = arctic_suffix_path()
     if suffix:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [suffix, os.environ.get("PYTHONPATH")]))

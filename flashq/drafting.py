@@ -129,7 +129,7 @@ def replay(drafter: GroupedDrafter, groups: list[tuple[list[int], list[list[int]
     equals the token the target actually sampled there: for drafts that are point masses this is
     exactly speculative sampling's acceptance (sample-then-match), so replaying real samples
     gives unbiased acceptance. `groups`: (prompt ids, the group's responses)."""
-    forwards = drafted_forwards = drafted_tokens = tokens = 0
+    forwards = drafted_forwards = drafted_tokens = tokens = draft_tokens = 0
     for g, (prompt, responses) in enumerate(groups):
         gid = f"r{g}"
         ids = [f"{gid}/{k}" for k in range(len(responses))]
@@ -152,6 +152,7 @@ def replay(drafter: GroupedDrafter, groups: list[tuple[list[int], list[list[int]
                 forwards += 1
                 tokens += len(emitted)
                 if draft:
+                    draft_tokens += len(draft)
                     drafted_forwards += 1
                     drafted_tokens += len(emitted)
             for rid, emitted in step:  # revealed to siblings only after the step
@@ -165,4 +166,5 @@ def replay(drafter: GroupedDrafter, groups: list[tuple[list[int], list[list[int]
         "tokens_per_forward": tokens / max(forwards, 1),
         "mean_acceptance_length": drafted_tokens / max(drafted_forwards, 1),
         "drafted_share": drafted_forwards / max(forwards, 1),
+        "positions_per_forward": (forwards + draft_tokens) / max(forwards, 1),  # what verification costs
     }

@@ -13,17 +13,33 @@ arrive as FLASHQ_DRAFT_* variables, set by `RolloutEngine`). Verification stays 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import time
 from collections import Counter
 
+import numpy as np
+
 from flashq.draft_budget import DraftBudget
-from flashq.drafting import GroupedDrafter
+
+STATS = ("calls", "drafting_s", "step_fixed_s", "step_per_token_s")  # in the file FLASHQ_DRAFT_STATS names
+
+
+def read_stats(path: str) -> dict[str, float] | None:
+    """The proposer's counters as they stand (it rewrites them in place every step)."""
+    try:
+        values = np.fromfile(path, dtype=np.float64, count=len(STATS))
+    except OSError:
+        return None
+    return dict(zip(STATS, values.tolist())) if len(values) == len(STATS) else None
 
 
 class GroupedSuffixProposer:
     def __init__(self, vllm_config):
+        # Imported here, not at the top: the plugin loads this module before vLLM's worker scans
+        # every loaded module for Triton kernels, and that scan trips over llvmlite's objects
+        # (numba's, which the drafter's index is compiled with).
+        from flashq.drafting import GroupedDrafter
+
         config = vllm_config.speculative_config
         self.num_speculative_tokens = config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
@@ -37,8 +53,10 @@ class GroupedSuffixProposer:
         self.last_positions = 0  # positions the step after the last call verifies
         self.drafting_s = 0.0  # time spent here: the drafting cost per step
         self.calls = 0
-        self.stats_path = os.environ.get("FLASHQ_DRAFT_STATS")
-        self.stats_every = int(os.environ.get("FLASHQ_DRAFT_STATS_EVERY", "50"))
+        # drafting cost and the fitted step model, for the rollout worker's metrics and benchmarks:
+        # a memory-mapped file, so publishing them every step costs a few stores, not a file write
+        path = os.environ.get("FLASHQ_DRAFT_STATS")
+        self.stats = np.memmap(path, dtype=np.float64, mode="w+", shape=(len(STATS),)) if path else None
 
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None) -> list[list[int]]:
         started = time.perf_counter()
@@ -80,17 +98,9 @@ class GroupedSuffixProposer:
         self.last_call = time.perf_counter()
         self.drafting_s += self.last_call - started
         self.calls += 1
-        if self.stats_path and self.calls % self.stats_every == 0:
-            self._write_stats()
+        if self.stats is not None:
+            self.stats[:] = (self.calls, self.drafting_s, *self.budget.fit())
         return drafts
-
-    def _write_stats(self) -> None:
-        """Drafting cost and the fitted step model, for the rollout worker's metrics and benchmarks."""
-        fixed, per_token = self.budget.fit()
-        tmp = f"{self.stats_path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"calls": self.calls, "drafting_s": self.drafting_s, "step_fixed_s": fixed, "step_per_token_s": per_token}, f)
-        os.replace(tmp, self.stats_path)
 
     def load_model(self, *args, **kwargs) -> None:
         pass  # nothing to load: drafts come from text already generated

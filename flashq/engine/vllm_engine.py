@@ -13,7 +13,6 @@ later tokens are sampled from exactly the new policy.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -89,9 +88,8 @@ class RolloutEngine:
 
             os.environ["FLASHQ_DRAFT_ADAPTIVE"] = "1" if rc.adaptive_drafts else "0"  # and these by its proposer
             os.environ["FLASHQ_DRAFT_HISTORY_EPOCHS"] = str(rc.history_epochs)
-            os.environ.setdefault("FLASHQ_DRAFT_STATS_EVERY", "50")
             os.environ["FLASHQ_DRAFT_STATS"] = self.draft_stats_path = os.path.join(
-                tempfile.gettempdir(), f"flashq-drafts-{os.getpid()}-{self.worker_index}.json")
+                tempfile.gettempdir(), f"flashq-drafts-{os.getpid()}-{self.worker_index}.f64")
             if os.path.exists(self.draft_stats_path):  # an earlier engine's in this process
                 os.remove(self.draft_stats_path)
             use_grouped_proposer()  # and in this one, whose plugins may have loaded already
@@ -103,23 +101,28 @@ class RolloutEngine:
         await self.llm.update_weight_version("0")
 
     def speculation_counters(self) -> dict[str, float]:
-        """vLLM's speculative-decoding counters since the engine started (empty without speculation):
-        verification steps with a draft, draft tokens, accepted draft tokens; with grouped drafts
-        also the seconds spent drafting and the proposer's calls (one per engine step)."""
+        """vLLM's counters since the engine started: engine steps (iterations), and with
+        speculation the verification steps with a draft, draft tokens and accepted draft tokens;
+        with grouped drafts also the seconds spent drafting and the proposer's calls."""
         if self.cfg.rollout.speculation == "none":
-            return {}
-        from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
+            return {}  # vLLM's stats are off (they cost time), so it counts nothing
+        from vllm.v1.metrics.reader import Counter, Histogram, get_metrics_snapshot
 
-        names = {"vllm:spec_decode_num_drafts": "spec_drafts", "vllm:spec_decode_num_draft_tokens": "spec_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens": "spec_accepted_tokens"}
-        out = dict.fromkeys(names.values(), 0.0)
+        from flashq.engine.grouped_proposer import read_stats
+
+        names = {
+            "vllm:spec_decode_num_drafts": "spec_drafts", "vllm:spec_decode_num_draft_tokens": "spec_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens": "spec_accepted_tokens"}
+        out = {"engine_steps": 0.0, **dict.fromkeys(names.values(), 0.0)}
         for metric in get_metrics_snapshot():
             if isinstance(metric, Counter) and metric.name in names:
                 out[names[metric.name]] += float(metric.value)
-        if self.draft_stats_path and os.path.exists(self.draft_stats_path):  # written by flashq's proposer
-            with open(self.draft_stats_path) as f:
-                stats = json.load(f)
-            out["spec_drafting_s"], out["spec_proposer_calls"] = float(stats["drafting_s"]), float(stats["calls"])
+            elif isinstance(metric, Histogram) and metric.name == "vllm:iteration_tokens_total":
+                out["engine_steps"] += float(metric.count)
+        stats = read_stats(self.draft_stats_path) if self.draft_stats_path else None  # flashq's proposer's
+        if stats:
+            out["spec_drafting_s"], out["spec_proposer_calls"] = stats["drafting_s"], stats["calls"]
+            out["spec_step_fixed_s"], out["spec_step_per_position_s"] = stats["step_fixed_s"], stats["step_per_token_s"]
         return out
 
     @property
