@@ -90,6 +90,8 @@ def test_grouped_speculation_keeps_the_sampling_distribution_at_temperature_1(pe
     plain, _ = asyncio.run(sample_rounds(peaked_model, "none", prompts, samples=400, rounds=1, horizon=4))
     grouped, counters = asyncio.run(sample_rounds(peaked_model, "grouped", prompts, samples=400, rounds=2, horizon=4))
     assert counters["spec_accepted_tokens"] > 0.2 * counters["spec_draft_tokens"] > 0  # drafts were verified and often accepted
+    # the proposer's own counters reach the frontend: its calls (one per engine step) and drafting time
+    assert counters["spec_proposer_calls"] > 0 and counters["engine_steps"] > 0 and counters["spec_drafting_s"] > 0
     for g in range(len(prompts)):
         a = [tuple(s.token_ids.tolist()) for s in plain if s.group_id == f"g{g}"]
         b = [tuple(s.token_ids.tolist()) for s in grouped if s.group_id == f"g{g}"]
