@@ -117,6 +117,7 @@ class GroupedDrafter:
         prompt_key, _ = self.group_prompt.pop(group_id, (None, None))
         if index is None or not index.num_sequences or not self.history_epochs:
             return
+        index.compact()
         self.history.setdefault(prompt_key, deque(maxlen=self.history_epochs)).append(index)
         self.history.move_to_end(prompt_key)
         while len(self.history) > self.max_history_prompts:

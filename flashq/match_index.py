@@ -220,6 +220,10 @@ class MatchIndex:
     def num_sequences(self) -> int:
         return len(self.ids)
 
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.tok, self.nxt, self.prv, self.chain, self.keys, self.heads, self.tails))
+
     def _id(self, seq_id: object) -> int:
         i = self.ids.get(seq_id)
         if i is None:
@@ -232,7 +236,7 @@ class MatchIndex:
     def _reserve(self, count: int) -> None:
         need = self.size + count
         if need > len(self.tok):
-            cap = max(need, 2 * len(self.tok))
+            cap = max(need, 2 * len(self.tok), 16)
             grow = cap - len(self.tok)
             self.tok, self.nxt, self.prv = (np.concatenate([a, np.empty(grow, np.int32)]) for a in (self.tok, self.nxt, self.prv))
             self.chain = np.concatenate([self.chain, np.empty((len(self.orders), grow), np.int32)], axis=1)
@@ -241,9 +245,23 @@ class MatchIndex:
             size = len(self.keys)
             while 2 * slots > size:
                 size *= 2
-            keys, heads = np.zeros(size, np.int64), np.empty(size, np.int32)
-            _rehash(self.keys, self.heads, keys, heads)
-            self.keys, self.heads = keys, heads
+            self._rehash_into(size)
+
+    def _rehash_into(self, size: int) -> None:
+        keys, heads = np.zeros(size, np.int64), np.empty(size, np.int32)
+        _rehash(self.keys, self.heads, keys, heads)
+        self.keys, self.heads = keys, heads
+
+    def compact(self) -> None:
+        """Give back the room kept for growth: an index that is done growing (a finished group's,
+        kept as its prompt's history) holds only what it indexed."""
+        n = self.size
+        self.tok, self.nxt, self.prv = self.tok[:n].copy(), self.nxt[:n].copy(), self.prv[:n].copy()
+        self.chain = self.chain[:, :n].copy()
+        size = 16
+        while size < 2 * self.filled:
+            size *= 2
+        self._rehash_into(size)
 
     def extend(self, seq_id: object, tokens) -> None:
         """Append tokens to sequence `seq_id`, recording every n-gram that now ends at its tail."""

@@ -123,3 +123,10 @@ def test_the_compiled_index_matches_the_rule_spelled_out_on_lists(orders):
         want = _reference_speculate(seqs, arrival, orders, context, 5, 0.2)
         assert (draft, round(score, 9)) == (want[0], round(want[1], 9)), step
     assert [index.sequence(s) for s in range(len(seqs))] == seqs
+    before = index.nbytes
+    context = seqs[0][-8:]
+    drafted = index.speculate(context, max_tokens=5, min_prob=0.2)[:2]
+    index.compact()  # as a finished group's index is kept for history: smaller, drafting the same
+    assert index.nbytes < before and index.speculate(context, max_tokens=5, min_prob=0.2)[:2] == drafted
+    index.extend(0, [1, 2, 3])  # and it can still grow
+    assert index.sequence(0) == seqs[0] + [1, 2, 3]
