@@ -153,7 +153,10 @@ class RolloutConfig(Section):
         description="Speculative decoding: vLLM's n-gram prompt lookup; vLLM's suffix decoding (needs arctic-inference's "
         "suffix tree importable); or flashq's grouped drafter (siblings, history, own output).",
     )
-    num_speculative_tokens: int = Field(8, ge=1, description="Most draft tokens per request per step.")
+    num_speculative_tokens: int = Field(
+        16, ge=1, description="Most draft tokens per request per step (grouped: its adaptive budget drafts less where "
+        "a token would not pay for its verification). 16 was the fastest of 8, 16 and 32 for both vLLM suffix and grouped "
+        "in bench/specdec.py.")
     adaptive_drafts: bool = Field(
         True,
         description="grouped: draft only tokens likely enough to pay for their verification at the current batch size "
