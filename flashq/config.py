@@ -155,8 +155,8 @@ class RolloutConfig(Section):
     )
     num_speculative_tokens: int = Field(
         16, ge=1, description="Most draft tokens per request per step (grouped: its adaptive budget drafts less where "
-        "a token would not pay for its verification). 16 was the fastest of 8, 16 and 32 for both vLLM suffix and grouped "
-        "in bench/specdec.py.")
+        "a token would not pay for its verification). bench/specdec.py sweeps 8, 16 and 32: with 16 requests decoding, "
+        "16 and 32 beat 8 for both vLLM suffix and grouped.")
     adaptive_drafts: bool = Field(
         True,
         description="grouped: draft only tokens likely enough to pay for their verification at the current batch size "
