@@ -24,7 +24,6 @@ import numba
 import numpy as np
 
 MAX_MATCHES = 16  # most recent occurrences followed per draft
-PRIOR = 0.0
 _EMPTY = np.empty(0, np.int32)
 _PRIME = np.uint64(0x100000001B3)
 _SEED = np.uint64(0xCBF29CE484222325)
@@ -108,7 +107,7 @@ def _tail(tok, prv, last, n):
 
 
 @numba.njit(cache=True)
-def follow(tok, nxt, matches, max_tokens, min_prob, prior=0.0):
+def follow(tok, nxt, matches, max_tokens, min_prob):
     """Walk the continuations at positions `matches`: the most frequent next token while the
     share of matches agreeing on the whole path stays at least `min_prob`. Returns the draft,
     its score, and the positions after it of the matches that agree with all of it."""
@@ -130,7 +129,7 @@ def follow(tok, nxt, matches, max_tokens, min_prob, prior=0.0):
                 best, best_count = t, count
             if 2 * best_count > m:
                 break
-        prob = best_count / (total + prior)
+        prob = best_count / total
         if prob < min_prob:
             break
         draft[d] = best
@@ -159,7 +158,7 @@ def advance(tok, nxt, matches, token):
 
 
 @numba.njit(cache=True)
-def _speculate(tok, nxt, chain, keys, heads, orders, context, max_tokens, min_prob, max_matches, prior=0.0):
+def _speculate(tok, nxt, chain, keys, heads, orders, context, max_tokens, min_prob, max_matches):
     best = np.empty(0, np.int32)
     best_score = 0.0
     best_follow = np.empty(0, np.int32)
@@ -192,7 +191,7 @@ def _speculate(tok, nxt, chain, keys, heads, orders, context, max_tokens, min_pr
             p = chain[k, p]
         if m == 0:
             continue
-        draft, score, agreeing = follow(tok, nxt, found[:m], max_tokens, min_prob, prior)
+        draft, score, agreeing = follow(tok, nxt, found[:m], max_tokens, min_prob)
         if score > best_score:
             best, best_score, best_follow = draft, score, agreeing
         if draft.shape[0] >= max_tokens:
@@ -293,12 +292,12 @@ class MatchIndex:
             return [], 0.0, _EMPTY
         context = np.asarray(context, dtype=np.int32)
         draft, score, agreeing = _speculate(self.tok, self.nxt, self.chain, self.keys, self.heads, self.orders, context,
-                                            max_tokens, min_prob, MAX_MATCHES, PRIOR)
+                                            max_tokens, min_prob, MAX_MATCHES)
         return draft.tolist(), score, agreeing
 
     def follow(self, matches: np.ndarray, max_tokens: int, min_prob: float) -> tuple[list[int], float, np.ndarray]:
         """Go on from the matches a previous draft left (see `speculate`)."""
-        draft, score, agreeing = follow(self.tok, self.nxt, matches, max_tokens, min_prob, PRIOR)
+        draft, score, agreeing = follow(self.tok, self.nxt, matches, max_tokens, min_prob)
         return draft.tolist(), score, agreeing
 
     def advance(self, matches: np.ndarray, token: int) -> np.ndarray:
