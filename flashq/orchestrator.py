@@ -14,6 +14,7 @@ The `Ledger` counts every sample at every stage, so none is lost or trained twic
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
@@ -356,7 +357,9 @@ class Orchestrator:
         if rc.speculation != "grouped":
             return lambda req: req.group_id
 
-        def prompt_of(req: GenerateRequest) -> str:
+        def prompt_of(req: GenerateRequest | EpisodeRequest) -> str:
+            if isinstance(req, EpisodeRequest):  # the environment renders its prompt from the task and seed
+                return f"task:{hash(json.dumps(req.task, sort_keys=True, default=str))}"
             group = self.buffer.groups.get(req.group_id)
             ids = group.prompt_ids if group is not None and len(group.prompt_ids) else req.prompt_ids
             return f"prompt:{hash(ids.tobytes())}"

@@ -7,7 +7,7 @@ import pytest
 from flashq.config import load_config
 from flashq.lengths import forced_length
 from flashq.orchestrator import Orchestrator
-from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
+from flashq.protocol import EpisodeRequest, GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 
 
 class Tasks:
@@ -136,3 +136,20 @@ def test_grouped_speculation_keeps_each_prompt_on_one_worker_across_its_groups()
     spread = make(["async_ratio=0", "rollout.speculation=grouped", "rollout.group_affinity=false"])
     spread.pump()
     assert len({p for p, m in drain(spread) if isinstance(m, GenerateRequest)}) == 2
+
+
+def test_grouped_speculation_keeps_each_episode_task_on_one_worker():
+    """Episodes carry a task, not prompt ids (the environment renders the prompt on the worker):
+    the task and its seed stand for the prompt."""
+    cfg = load_config(None, ["env={name: flashq.envs.guess:GuessNumberEnv}", "sampling.group_size=3", "trainer.batch_groups=2",
+                             "trainer.steps=2", "async_ratio=1", "rollout.speculation=grouped", "rollout.num_workers=2"])
+    tasks = type("T", (), {"task": lambda self, i: {"id": str(i % 2), "seed": 7 + i % 2}})()  # tasks 0 and 2 are the same
+    orch = Orchestrator(cfg, tasks, None, ["rollout-0", "rollout-1"], ["reward-0"])
+    orch.on_batch_request(2)
+    orch.pump()
+    sent = [(w, m) for w, m in orch.outbox if isinstance(m, EpisodeRequest)]
+    workers_of_task: dict[str, set] = {}
+    for w, m in sent:
+        workers_of_task.setdefault(m.task["id"], set()).add(w)
+    assert len(sent) == 4 * 3 and all(len(ws) == 1 for ws in workers_of_task.values())
+    assert workers_of_task["0"] != workers_of_task["1"]  # different tasks still spread
