@@ -89,10 +89,11 @@ async def epoch(engine, groups: list[np.ndarray], n: int, max_tokens: int, tag: 
 SWEPT = ("vllm suffix", "grouped")  # run at every draft length in --drafts; the others at --draft
 
 
-async def run_mode(mode: str, draft: int, model_dir: Path, groups, args, max_num_seqs: int) -> dict:
+async def run_mode(mode: str, draft: int | None, model_dir: Path, groups, args, max_num_seqs: int) -> dict:
     from flashq.engine.vllm_engine import RolloutEngine
 
-    cfg = load_config(CONFIG, [f"model.name={model_dir}", *MODES[mode], f"rollout.num_speculative_tokens={draft}",
+    drafts = [f"rollout.num_speculative_tokens={draft}"] if draft is not None else []
+    cfg = load_config(CONFIG, [f"model.name={model_dir}", *MODES[mode], *drafts,
                                f"rollout.max_num_seqs={max_num_seqs}", "rollout.max_inflight_per_worker=512"])
     engine = RolloutEngine(cfg, model_dir, 0, "cpu")
     await engine.start()
@@ -102,7 +103,7 @@ async def run_mode(mode: str, draft: int, model_dir: Path, groups, args, max_num
         second = await epoch(engine, groups[:-2], args.n, args.max_tokens, "e2")
     finally:
         await engine.shutdown()
-    return {"mode": mode, "draft": draft if mode != "none" else None, "max_num_seqs": max_num_seqs, **{f"epoch2_{k}": v for k, v in second.items()},
+    return {"mode": mode, "draft": draft, "max_num_seqs": max_num_seqs, **{f"epoch2_{k}": v for k, v in second.items()},
             **{f"epoch1_{k}": v for k, v in first.items()}}
 
 
@@ -154,10 +155,11 @@ def main() -> None:
     groups = prompts(model_dir, args.prompts + 2)
     sizes = [int(s) for s in args.engine_sizes.split(",")]
     drafts = [int(d) for d in args.drafts.split(",")]
-    configs = [(mode, draft) for mode in modes for draft in (drafts if mode in SWEPT else [args.draft])]
+    configs = [(mode, draft) for mode in modes  # (mode, max draft); none drafts nothing
+               for draft in (drafts if mode in SWEPT else [None] if mode == "none" else [args.draft])]
     runs = [asyncio.run(run_mode(mode, draft, model_dir, groups, args, size))  # repeats interleaved: drift hits every mode
             for _ in range(args.repeats) for size in sizes for mode, draft in configs]
-    rows = [average([r for r in runs if (r["mode"], r["draft"], r["max_num_seqs"]) == (mode, draft if mode != "none" else None, size)])
+    rows = [average([r for r in runs if (r["mode"], r["draft"], r["max_num_seqs"]) == (mode, draft, size)])
             for size in sizes for mode, draft in configs]
     base = {r["max_num_seqs"]: r for r in rows if r["mode"] == "none"}
     if len(modes) < len(MODES):
