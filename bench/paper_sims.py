@@ -4,17 +4,24 @@ Seer (arXiv 2511.14617, Table 3) publishes, per model: instances and GPUs per in
 per iteration, group size, max and mean generation length. ROLL Flash and RhymeRL publish much
 less (see `roll_flash_rows`, `rhymerl_rows`). What the papers leave out is set by a rule stated
 here, the same for every workload, never chosen per compared figure:
-- engine step time: a decode step reads the weights each GPU holds from H800 HBM (3.35 TB/s;
-  step_s), plus a per-request part; the per-request part of a full batch over step_s
-  (`Fit.load_ratio`) and the output-length spread (`Fit.sigma`, lognormal with the published mean,
-  clipped at the published max, half of its log-variance shared by a prompt's group) are fitted
-  on Moonlight's published veRL baseline, rollout 3910 s with 1817 s of tail; a verified draft
-  token's cost (`Fit.verify_share` of a request's decode cost) is fitted on Moonlight's published
-  gain from grouped speculation (Table 4: 1.47x -> 1.90x). The compared figures are not fitted;
-- the engine batch is what the KV cache (90% of 80 GB per GPU, less the weights) holds at the
-  mean final length; prefill costs 2 x active parameters FLOPs per token at 400 TFLOP/s per GPU;
+- output lengths: lognormal, clipped at the published max, its median set so that the clipped
+  mean is the published mean; half of its log-variance is shared by a prompt's group;
+- engine step time, from H800 physics where it is physics: a decode step reads the weights each
+  GPU holds (3.35 TB/s HBM; step_s) and the KV cache of every running request (bytes per token
+  from the model's public architecture), plus a per-request part;
+- the engine's KV cache holds 90% of 80 GB per GPU less the weights; vLLM admits a request while
+  its context fits and preempts the newest when the cache is full, with max_num_seqs at vLLM's
+  default for 80 GB GPUs; prefill costs 2 x active parameters FLOPs per token at 400 TFLOP/s;
+- fitted once on Moonlight's published veRL baseline (rollout 3910 s, 1817 s of it tail): the
+  output-length spread (`Fit.sigma`, the grid value whose veRL tail share is closest: under KV
+  admission that share peaks near sigma 0.8, below the published 0.46, so it is not monotonic
+  and cannot be bisected) and the per-request part of a step (`Fit.load_ratio`); a verified
+  draft token's cost (`Fit.verify_share` of a request's decode cost) is fitted on Moonlight's
+  published gain from grouped speculation (Table 4: 1.47x -> 1.90x). The compared figures are
+  not fitted;
 - Seer = context-aware scheduling + divided rollout in 8K chunks (the chunk size is from a
-  third-party summary) + adaptive speculation with the acceptance length of Seer's Fig. 11;
+  third-party summary) + adaptive speculation with the acceptance length of Seer's Fig. 11,
+  at most as many requests in flight per engine as its KV cache holds at the mean final length;
   veRL = every request dispatched at once, a prompt's requests on one engine, FIFO inside it.
 Errors are relative: simulated / paper - 1. A tail *reduction* is compared as the papers state it
 (1 - Seer tail / veRL tail); the ratio behind it is listed too.
@@ -33,15 +40,18 @@ HBM_BYTES_PER_S, GPU_BYTES, USABLE, FLOPS = 3.35e12, 80e9, 0.9, 4e14
 GROUP_SHARE = 0.5
 PROMPT_TOKENS = 512
 SEER_CHUNK = 8192
+VLLM_MAX_NUM_SEQS = 1024  # vLLM's default on GPUs with 70 GB or more
+SIGMAS = tuple(round(0.5 + 0.1 * i, 1) for i in range(16))
 
 
 @dataclass
 class Fit:
     """What the papers leave out, fitted once on Moonlight's published baseline and used for all."""
 
-    sigma: float = 1.8  # lognormal spread of output lengths
-    load_ratio: float = 8.0  # per-request part of a full batch's decode step over the fixed part
+    sigma: float = 0.8  # lognormal spread of output lengths
+    load_ratio: float = 5.0  # per-request part of a full batch's decode step over the weights' read
     verify_share: float = 0.1  # a verified draft token's cost, as a share of a request's decode cost
+    verl_tail_share: float = 0.0  # what the fitted sigma gives (published: 1817 s / 3910 s)
 
 
 @dataclass
@@ -64,16 +74,30 @@ class Workload:
         per_seq = fit.load_ratio * step_s / self.engine_batch
         return Calibration(
             step_s=step_s, step_s_per_seq=per_seq, verify_s_per_token=fit.verify_share * per_seq,
-            prefill_s_per_token=2 * self.active_params / (FLOPS * self.gpus_per_instance),
+            step_s_per_kv_token=self.kv_bytes_per_token / self.gpus_per_instance / HBM_BYTES_PER_S,
+            kv_tokens=self.kv_tokens, prefill_s_per_token=2 * self.active_params / (FLOPS * self.gpus_per_instance),
             train_s=0.0, train_s_per_token=0.0, weight_sync_s=0.0, reward_s=0.0, dispatch_s=0.0,
             spec_accept=accept_rate(self.acceptance_length) if spec else 0.0,
             source=[f"Seer Table 3 ({self.name}) and H800 physics; see bench/paper_sims.py"],
         )
 
     @property
+    def kv_tokens(self) -> float:
+        """Tokens of context one engine's KV cache holds."""
+        return self.gpus_per_instance * (USABLE * GPU_BYTES - self.weight_bytes / self.gpus_per_instance) / self.kv_bytes_per_token
+
+    @property
     def engine_batch(self) -> int:
-        kv_tokens = self.gpus_per_instance * (USABLE * GPU_BYTES - self.weight_bytes / self.gpus_per_instance) / self.kv_bytes_per_token
-        return max(1, int(kv_tokens / self.mean_gen))
+        """Requests the KV cache holds at the mean final length."""
+        return max(1, int(self.kv_tokens / self.mean_gen))
+
+    def median(self, sigma: float) -> float:
+        """The lognormal median whose mean, clipped at max_gen, is the published mean."""
+        lo, hi = 1.0, float(self.max_gen)
+        for _ in range(60):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if clipped_mean(mid, sigma, self.max_gen) < self.mean_gen else (lo, mid)
+        return math.sqrt(lo * hi)
 
 
 SEER = [
@@ -96,7 +120,7 @@ def simulate(m: Workload, fit: Fit, system: str, extra: tuple[str, ...] = (), ca
              distinct_prompts: int | None = None) -> dict:
     """Synchronous rollout steps (one unless `extra` says otherwise) of the workload under `system`."""
     sigma = fit.sigma
-    median = m.mean_gen * math.exp(-sigma**2 / 2)
+    median = m.median(sigma)
     per_instance = math.ceil(m.requests / m.instances)
     systems = {
         "verl": (["rollout.scheduler=fifo", "rollout.group_affinity=true", f"rollout.max_inflight_per_worker={per_instance}"], False),
@@ -114,7 +138,7 @@ def simulate(m: Workload, fit: Fit, system: str, extra: tuple[str, ...] = (), ca
         "async_ratio=0", "trainer.steps=1", f"trainer.batch_groups={m.requests // m.group_size}",
         f"sampling.group_size={m.group_size}", f"sampling.max_tokens={m.max_gen}",
         f"sampling.forced_lengths={{median: {round(median)}, sigma: {sigma}, min: 16, max: {m.max_gen}, seed: 0, group_share: {GROUP_SHARE}}}",
-        f"rollout.num_workers={m.instances}", f"rollout.max_num_seqs={m.engine_batch}",
+        f"rollout.num_workers={m.instances}", f"rollout.max_num_seqs={VLLM_MAX_NUM_SEQS}",
         f"rollout.max_model_len={m.max_gen + PROMPT_TOKENS}", "rollout.starvation_s=600", *overrides, *extra,
     ])
     calibration = replace(m.calibration(fit, spec), **(cal or {}))
@@ -140,9 +164,11 @@ def fit_moonlight(log=print) -> Fit:
         return simulate(moon, f, "verl")
 
     share = MOONLIGHT_VERL_TAIL_S / MOONLIGHT_VERL_ROLLOUT_S
-    fit.sigma = bisect(lambda x: (r := verl(replace(fit, sigma=x)))["tail_s_mean"] / r["rollout_s_mean"], 1.0, 2.4, share)
-    log(f"fit: sigma {fit.sigma:.3f} gives the veRL tail share {share:.3f}")
-    fit.load_ratio = bisect(lambda x: verl(replace(fit, load_ratio=x))["rollout_s_mean"], 2.0, 20.0, MOONLIGHT_VERL_ROLLOUT_S)
+    shares = {x: (r := verl(replace(fit, sigma=x)))["tail_s_mean"] / r["rollout_s_mean"] for x in SIGMAS}
+    fit.sigma = min(SIGMAS, key=lambda x: abs(shares[x] - share))
+    fit.verl_tail_share = shares[fit.sigma]
+    log(f"fit: sigma {fit.sigma} gives the veRL tail share {shares[fit.sigma]:.3f} (published {share:.3f})")
+    fit.load_ratio = bisect(lambda x: verl(replace(fit, load_ratio=x))["rollout_s_mean"], 0.0, 20.0, MOONLIGHT_VERL_ROLLOUT_S)
     log(f"fit: load_ratio {fit.load_ratio:.2f} gives the veRL rollout {MOONLIGHT_VERL_ROLLOUT_S:.0f} s")
     no_spec = simulate(moon, fit, "seer-no-spec")["rollout_s_mean"]
     fit.verify_share = bisect(lambda x: -no_spec / simulate(moon, replace(fit, verify_share=x), "seer")["rollout_s_mean"],
@@ -189,7 +215,7 @@ def roll_flash_rows(fit: Fit) -> list[dict]:
     modest asynchrony gets near-maximal gains. Set here: Qwen3-8B on 32 GPUs, 256 prompts x 8 a
     step, responses up to 32K with the median at 1/20 of that; synchronous = all 32 GPUs roll out,
     then all 32 train (training is 30% of the step); async = rollout and training on disjoint GPUs
-    (training slows by the GPUs it gave up), the best of alpha 1, 2 and 16 to 28 rollout GPUs."""
+    (training slows by the GPUs it gave up), the best of alpha 1, 2 and 8 to 24 rollout GPUs."""
     gpus, max_gen = 32, 32768
     median = max_gen / 20
     m = Workload("Qwen3-8B", gpus, 1, 2048, 8, max_gen, round(clipped_mean(median, fit.sigma, max_gen)), 16.4e9, 8e9, 36 * 2 * 8 * 128 * 2)
@@ -199,7 +225,7 @@ def roll_flash_rows(fit: Fit) -> list[dict]:
     sync_step = sync["step_s_mean"]
     best = None
     for alpha in (1, 2):
-        for rollout_gpus in (16, 20, 24, 28):
+        for rollout_gpus in (8, 12, 16, 20, 24):
             run = simulate(replace(m, instances=rollout_gpus), fit, "queue",
                            (f"async_ratio={alpha}", "trainer.steps=8"), {"train_s": train * gpus / (gpus - rollout_gpus)})
             steady = sum(run["step_s_per_step"][2:]) / len(run["step_s_per_step"][2:])
