@@ -8,7 +8,13 @@ here, the same for every workload, never chosen per compared figure:
   mean is the published mean; half of its log-variance is shared by a prompt's group;
 - engine step time, from H800 physics where it is physics: a decode step reads the weights each
   GPU holds (3.35 TB/s HBM; step_s) and the KV cache of every running request (bytes per token
-  from the model's public architecture), plus a per-request part;
+  from the model's public architecture), plus a per-request part; an expert-parallel step also
+  waits for its all-to-all (DeepEP's published low-latency dispatch + combine at that EP size,
+  per MoE layer), overlapped with the weights' read (two micro-batches), so the step's fixed part
+  is the larger of the two; tensor-parallel all-reduce inside an NVLink node is not modelled;
+- an instance with data-parallel attention (Kimi-K2: DP32/EP32) is that many engines, each with
+  its own requests and one GPU's KV cache; their lockstep (a step waits for the slowest rank) is
+  not modelled;
 - the engine's KV cache holds 90% of 80 GB per GPU less the weights; vLLM admits a request while
   its context fits and preempts the newest when the cache is full, with max_num_seqs at vLLM's
   default for 80 GB GPUs; prefill costs 2 x active parameters FLOPs per token at 400 TFLOP/s;
@@ -22,7 +28,8 @@ here, the same for every workload, never chosen per compared figure:
 - Seer = context-aware scheduling + divided rollout in 8K chunks (the chunk size is from a
   third-party summary) + adaptive speculation with the acceptance length of Seer's Fig. 11,
   at most as many requests in flight per engine as its KV cache holds at the mean final length;
-  veRL = every request dispatched at once, a prompt's requests on one engine, FIFO inside it.
+  veRL = every request dispatched at once, a prompt's requests on one instance, FIFO inside it
+  (with DP attention, the instance's load balancer spreads them: each to the least-loaded rank).
 Errors are relative: simulated / paper - 1. A tail *reduction* is compared as the papers state it
 (1 - Seer tail / veRL tail); the ratio behind it is listed too.
 """
@@ -37,6 +44,7 @@ from flashq.calibration import Calibration
 from flashq.sim import Simulation
 
 HBM_BYTES_PER_S, GPU_BYTES, USABLE, FLOPS = 3.35e12, 80e9, 0.9, 4e14
+DEEPEP_EP32_LAYER_S = 155e-6 + 273e-6  # DeepEP README: low-latency dispatch + combine at EP32, H800
 GROUP_SHARE = 0.5
 PROMPT_TOKENS = 512
 SEER_CHUNK = 8192
@@ -68,14 +76,26 @@ class Workload:
     kv_bytes_per_token: float  # from the model's public architecture
     acceptance_length: float = 1.0  # Seer Fig. 11, with grouped drafts
     tail_s: tuple[float, float] = (0.0, 0.0)  # veRL -> Seer, Seer section 7
+    attention_dp: int = 1  # data-parallel attention ranks per instance (Kimi-K2: DP32/EP32)
+    all_to_all_s: float = 0.0  # a decode step's expert-parallel dispatch + combine, all MoE layers
+
+    @property
+    def engines(self) -> int:
+        """Batches with their own requests and KV cache: with data-parallel attention each rank of
+        an instance holds its requests' KV on its own GPUs and steps its own batch."""
+        return self.instances * self.attention_dp
+
+    @property
+    def gpus_per_engine(self) -> int:
+        return self.gpus_per_instance // self.attention_dp
 
     def calibration(self, fit: Fit, spec: bool) -> Calibration:
-        step_s = self.weight_bytes / self.gpus_per_instance / HBM_BYTES_PER_S
-        per_seq = fit.load_ratio * step_s / self.engine_batch
+        weights_s = self.weight_bytes / self.gpus_per_instance / HBM_BYTES_PER_S
+        per_seq = fit.load_ratio * weights_s / self.engine_batch
         return Calibration(
-            step_s=step_s, step_s_per_seq=per_seq, verify_s_per_token=fit.verify_share * per_seq,
-            step_s_per_kv_token=self.kv_bytes_per_token / self.gpus_per_instance / HBM_BYTES_PER_S,
-            kv_tokens=self.kv_tokens, prefill_s_per_token=2 * self.active_params / (FLOPS * self.gpus_per_instance),
+            step_s=max(weights_s, self.all_to_all_s), step_s_per_seq=per_seq, verify_s_per_token=fit.verify_share * per_seq,
+            step_s_per_kv_token=self.kv_bytes_per_token / self.gpus_per_engine / HBM_BYTES_PER_S,
+            kv_tokens=self.kv_tokens, prefill_s_per_token=2 * self.active_params / (FLOPS * self.gpus_per_engine),
             train_s=0.0, train_s_per_token=0.0, weight_sync_s=0.0, reward_s=0.0, dispatch_s=0.0,
             spec_accept=accept_rate(self.acceptance_length) if spec else 0.0,
             source=[f"Seer Table 3 ({self.name}) and H800 physics; see bench/paper_sims.py"],
@@ -84,7 +104,7 @@ class Workload:
     @property
     def kv_tokens(self) -> float:
         """Tokens of context one engine's KV cache holds."""
-        return self.gpus_per_instance * (USABLE * GPU_BYTES - self.weight_bytes / self.gpus_per_instance) / self.kv_bytes_per_token
+        return self.gpus_per_engine * (USABLE * GPU_BYTES - self.weight_bytes / self.gpus_per_instance) / self.kv_bytes_per_token
 
     @property
     def engine_batch(self) -> int:
@@ -103,7 +123,8 @@ class Workload:
 SEER = [
     Workload("Moonlight", 32, 1, 3200, 8, 65536, 22386, 32e9, 3e9, 27 * 576 * 2, 1.89, (1817, 278)),
     Workload("Qwen2-VL-72B", 16, 8, 9600, 16, 40960, 7615, 146e9, 72e9, 80 * 2 * 8 * 128 * 2, 2.15, (2301, 123)),
-    Workload("Kimi-K2", 8, 32, 6400, 8, 98304, 38959, 1e12, 32e9, 61 * 576 * 2, 1.77, (3144, 850)),
+    Workload("Kimi-K2", 8, 32, 6400, 8, 98304, 38959, 1e12, 32e9, 61 * 576 * 2, 1.77, (3144, 850),
+             attention_dp=32, all_to_all_s=60 * DEEPEP_EP32_LAYER_S),  # 60 of its 61 layers are MoE
 ]
 
 
@@ -121,9 +142,10 @@ def simulate(m: Workload, fit: Fit, system: str, extra: tuple[str, ...] = (), ca
     """Synchronous rollout steps (one unless `extra` says otherwise) of the workload under `system`."""
     sigma = fit.sigma
     median = m.median(sigma)
-    per_instance = math.ceil(m.requests / m.instances)
+    per_engine = math.ceil(m.requests / m.engines)
     systems = {
-        "verl": (["rollout.scheduler=fifo", "rollout.group_affinity=true", f"rollout.max_inflight_per_worker={per_instance}"], False),
+        "verl": (["rollout.scheduler=fifo", f"rollout.group_affinity={str(m.attention_dp == 1).lower()}",
+                  f"rollout.max_inflight_per_worker={per_engine}"], False),
         "seer": (["rollout.scheduler=context_aware", f"rollout.chunk_tokens={SEER_CHUNK}",
                   f"rollout.max_inflight_per_worker={m.engine_batch}"], True),
         "seer-no-spec": (["rollout.scheduler=context_aware", f"rollout.chunk_tokens={SEER_CHUNK}",
@@ -138,7 +160,7 @@ def simulate(m: Workload, fit: Fit, system: str, extra: tuple[str, ...] = (), ca
         "async_ratio=0", "trainer.steps=1", f"trainer.batch_groups={m.requests // m.group_size}",
         f"sampling.group_size={m.group_size}", f"sampling.max_tokens={m.max_gen}",
         f"sampling.forced_lengths={{median: {round(median)}, sigma: {sigma}, min: 16, max: {m.max_gen}, seed: 0, group_share: {GROUP_SHARE}}}",
-        f"rollout.num_workers={m.instances}", f"rollout.max_num_seqs={VLLM_MAX_NUM_SEQS}",
+        f"rollout.num_workers={m.engines}", f"rollout.max_num_seqs={VLLM_MAX_NUM_SEQS}",
         f"rollout.max_model_len={m.max_gen + PROMPT_TOKENS}", "rollout.starvation_s=600", *overrides, *extra,
     ])
     calibration = replace(m.calibration(fit, spec), **(cal or {}))
@@ -211,12 +233,14 @@ def clipped_mean(median: float, sigma: float, cap: float) -> float:
 
 def roll_flash_rows(fit: Fit) -> list[dict]:
     """ROLL Flash: "up to 2.24x on RLVR with the same GPU budget" as synchronous RL. Published:
-    rollout is over 70% of a synchronous step, long-tail responses are over 20x the median, and
-    modest asynchrony gets near-maximal gains. Set here: Qwen3-8B on 32 GPUs, 256 prompts x 8 a
-    step, responses up to 32K with the median at 1/20 of that; synchronous = all 32 GPUs roll out,
-    then all 32 train (training is 30% of the step); async = rollout and training on disjoint GPUs
-    (training slows by the GPUs it gave up), the best of alpha 1, 2 and 8 to 24 rollout GPUs."""
-    gpus, max_gen = 32, 32768
+    rollout is over 70% of a synchronous step, long-tail responses are over 20x the median,
+    modest asynchrony gets near-maximal gains, and its scaling runs reach the hundred-GPU scale
+    ("8x GPUs, 7.6x throughput", ROLL issue #207); the experiments use Qwen3-8B. Set here: an
+    "up to" figure is its largest setting, so 128 GPUs, 256 prompts x 8 a step, responses up to
+    32K with the median at 1/20 of that; synchronous = all GPUs roll out, then all train (training
+    is 30% of the step); async = rollout and training on disjoint GPUs (training slows by the GPUs
+    it gave up), the best of alpha 1 and 2 and every split in steps of 16 GPUs."""
+    gpus, max_gen = 128, 32768
     median = max_gen / 20
     m = Workload("Qwen3-8B", gpus, 1, 2048, 8, max_gen, round(clipped_mean(median, fit.sigma, max_gen)), 16.4e9, 8e9, 36 * 2 * 8 * 128 * 2)
     rollout = simulate(m, fit, "verl")["rollout_s_mean"]
@@ -225,7 +249,7 @@ def roll_flash_rows(fit: Fit) -> list[dict]:
     sync_step = sync["step_s_mean"]
     best = None
     for alpha in (1, 2):
-        for rollout_gpus in (8, 12, 16, 20, 24):
+        for rollout_gpus in range(16, gpus, 16):
             run = simulate(replace(m, instances=rollout_gpus), fit, "queue",
                            (f"async_ratio={alpha}", "trainer.steps=8"), {"train_s": train * gpus / (gpus - rollout_gpus)})
             steady = sum(run["step_s_per_step"][2:]) / len(run["step_s_per_step"][2:])
