@@ -69,9 +69,15 @@ def test_two_fsdp_ranks_train_like_one_process_and_resume(tiny_model, tmp_path):
         assert g["loss/ref_kl"] == pytest.approx(e["loss/ref_kl"], rel=1e-3, abs=1e-7)
     sharded = load_causal_lm(tmp_path / "step2", torch.float32, torch.device("cpu"))
     want = single.model.state_dict()
-    # Adam turns noise-level gradients (the key biases' are zero in exact arithmetic) into
-    # lr-sized steps, so the tolerance is 1% of one step (lr=1e-2) rather than float epsilon
+    # A key bias adds the same amount to every score of a query, which softmax ignores: its
+    # gradient is zero in exact arithmetic, and Adam turns the rounding noise left in it into
+    # steps of up to lr, whose sign depends on the summation order of each host's kernels. So the
+    # key biases are compared through what they do (the logits), every other weight to 1% of a step.
     for name, tensor in sharded.state_dict().items():
-        torch.testing.assert_close(tensor, want[name], rtol=0, atol=1e-4, msg=lambda m, name=name: f"{name} after two sharded steps: {m}")
+        if not name.endswith("k_proj.bias"):
+            torch.testing.assert_close(tensor, want[name], rtol=0, atol=1e-4, msg=lambda m, name=name: f"{name} after two sharded steps: {m}")
+    tokens = torch.tensor([[2, 121, 119, 14, 53, 47, 54, 65, 7, 180, 33, 96]])
+    with torch.no_grad():
+        torch.testing.assert_close(sharded(tokens).logits, single.model(tokens).logits, rtol=0, atol=1e-4)
     state = torch.load(tmp_path / "step2" / "trainer_state.pt", weights_only=False)
     assert state["version"] == 2 and state["optimizer"]["state"]
