@@ -5,7 +5,9 @@ per iteration, group size, max and mean generation length. ROLL Flash and RhymeR
 less (see `roll_flash_rows`, `rhymerl_rows`). What the papers leave out is set by a rule stated
 here, the same for every workload, never chosen per compared figure:
 - output lengths: lognormal, clipped at the published max, its median set so that the clipped
-  mean is the published mean; half of its log-variance is shared by a prompt's group;
+  mean is the published mean; half of its log-variance is the prompt's, shared by its group and
+  kept when the prompt is asked again in a later epoch (RhymeRL: only 2-4% of responses change
+  length rank much between epochs), the other half drawn anew for every response;
 - engine step time, from H800 physics where it is physics: a decode step reads the weights each
   GPU holds (3.35 TB/s HBM; step_s) and the KV cache of every running request (bytes per token
   from the model's public architecture), plus a per-request part; an expert-parallel step also
@@ -263,7 +265,7 @@ def rhymerl_rows(fit: Fit) -> list[dict]:
     """RhymeRL's HistoPipe: 1.43x over veRL in its Math-14B ablation. Published: Qwen3-14B, 16K
     responses, rollout 84-91% of a step. Set here: 32 GPUs with one engine each, 400 prompts x 8,
     the mean length at Moonlight's mean/max ratio, rollout 87.5% of veRL's step; the prompts'
-    second epoch, so last epoch's lengths are known; HistoPipe = longest-historical-group-first
+    second epoch, so last epoch's lengths are known (each prompt keeps its share); HistoPipe = longest-historical-group-first
     with queue scheduling (its tier 2 balances work across workers) vs veRL."""
     m = Workload("Qwen3-14B", 32, 1, 3200, 8, 16384, round(16384 * 22386 / 65536), 29.5e9, 14.8e9, 40 * 2 * 8 * 128 * 2)
     epochs = ("trainer.steps=2",)

@@ -65,13 +65,16 @@ class LengthEstimates:
         return max(seen, max(max(e) for e in past) if past else 0)
 
 
-def forced_length(fl, index: int, group_size: int = 1) -> int:
+def forced_length(fl, index: int, group_size: int = 1, prompt: int | None = None) -> int:
     """Benchmark replay: the length of request `index` (= group * group_size + k), lognormal and
-    clipped. `fl.group_share` of the log-variance is common to the group, as sibling responses'
-    lengths are correlated (Seer's premise for length probes)."""
+    clipped. `fl.group_share` of the log-variance belongs to the prompt, as sibling responses'
+    lengths are correlated (Seer's premise for length probes) and a prompt asked again in a later
+    epoch answers at much the same length (RhymeRL's): `prompt` numbers the prompt (by default
+    the group, a prompt asked once), while each response's own part is drawn anew."""
     z_request = random.Random(f"{fl.seed}:{index}").gauss(0.0, 1.0)
     z = z_request
     if fl.group_share > 0:
-        z_group = random.Random(f"{fl.seed}:group:{index // group_size}").gauss(0.0, 1.0)
+        key = index // group_size if prompt is None else prompt
+        z_group = random.Random(f"{fl.seed}:group:{key}").gauss(0.0, 1.0)
         z = math.sqrt(fl.group_share) * z_group + math.sqrt(1 - fl.group_share) * z_request
     return int(min(fl.max, max(fl.min, round(fl.median * math.exp(fl.sigma * z)))))

@@ -122,6 +122,7 @@ class Orchestrator:
         self.trainer_credits = 0
         self.next_task = 0
         self.next_group = 0
+        self.prompt_numbers: dict[str, int] = {}  # task id -> the group that first asked it (forced lengths only)
         self.request_worker: dict[str, str] = {}  # request id -> rollout worker
         self.request_sent: dict[str, GenerateRequest] = {}  # in flight, as sent (its latest chunk)
         self.request_sent_at: dict[str, float] = {}  # first chunk sent
@@ -304,7 +305,7 @@ class Orchestrator:
         if rc.scheduler == "context_aware":
             return ContextAwareOrder(self.lengths, s.max_tokens, rc.starvation_s, self.clock)
         if rc.scheduler == "oracle":
-            return OracleOrder(lambda req: forced_length(s.forced_lengths, _request_index(req, s.group_size), s.group_size) - req.generated)
+            return OracleOrder(lambda req: self.replayed_length(req) - req.generated)
         return FifoOrder()
 
     def _admit(self) -> None:
@@ -323,6 +324,8 @@ class Orchestrator:
                 self.ledger.tasks_skipped["prompt longer than max_model_len - max_tokens"] += 1
                 continue
             gid = f"g{self.next_group}"
+            if self.cfg.sampling.forced_lengths is not None and "id" in task:
+                self.prompt_numbers.setdefault(str(task["id"]), self.next_group)
             self.next_group += 1
             admission = self.gate.admit(gid, self.engine_version)
             n = self.cfg.sampling.group_size
@@ -369,19 +372,23 @@ class Orchestrator:
     def _request(self, gid: str, k: int, prompt_ids: np.ndarray) -> GenerateRequest:
         s = self.cfg.sampling
         index = int(gid[1:]) * s.group_size + k
-        max_tokens, min_tokens = s.max_tokens, 0
+        req = GenerateRequest(request_id=f"{gid}/{k}", group_id=gid, prompt_ids=prompt_ids, max_tokens=s.max_tokens,
+                              min_tokens=0, temperature=s.temperature, top_p=s.top_p,
+                              seed=(self.cfg.seed * 1_000_003 + index) % (2**31) if s.seed_requests else None)
         if s.forced_lengths is not None:
-            max_tokens = min_tokens = forced_length(s.forced_lengths, index, s.group_size)
-        return self.divided.first(GenerateRequest(
-            request_id=f"{gid}/{k}",
-            group_id=gid,
-            prompt_ids=prompt_ids,
-            max_tokens=max_tokens,
-            min_tokens=min_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=(self.cfg.seed * 1_000_003 + index) % (2**31) if s.seed_requests else None,
-        ))
+            req.max_tokens = req.min_tokens = self.replayed_length(req)
+        return self.divided.first(req)
+
+    def replayed_length(self, req: GenerateRequest) -> int:
+        """Benchmark replay (`sampling.forced_lengths`): the whole length of the response `req`
+        is for. A prompt asked again (a later epoch) keeps its share of the length; which group
+        first asked each prompt is not checkpointed, so after a resume a prompt draws it anew."""
+        s = self.cfg.sampling
+        gid, k = req.group_id, int(req.request_id.rsplit("/", 1)[1])
+        number = int(gid[1:])
+        task_id = self.buffer.groups[gid].task.get("id")
+        prompt = self.prompt_numbers.get(str(task_id), number) if task_id is not None else number
+        return forced_length(s.forced_lengths, number * s.group_size + k, s.group_size, prompt)
 
     def _send_batches(self) -> None:
         while self.trainer_credits > 0:
@@ -480,8 +487,3 @@ class Orchestrator:
             "queue/chunks_sent": self.divided.chunks_sent,
             "queue/responses_divided_in_flight": len(self.divided.partial),
         }
-
-
-def _request_index(req: GenerateRequest, group_size: int) -> int:
-    gid, k = req.request_id.rsplit("/", 1)
-    return int(gid[1:]) * group_size + int(k)

@@ -188,11 +188,7 @@ class Simulation:
         self.finished: dict[str, float] = {}
 
     def _length(self, req: GenerateRequest) -> int:
-        from flashq.lengths import forced_length
-
-        s = self.cfg.sampling
-        gid, k = req.request_id.rsplit("/", 1)
-        return min(req.max_tokens, forced_length(s.forced_lengths, int(gid[1:]) * s.group_size + int(k), s.group_size) - req.generated)
+        return min(req.max_tokens, self.orch.replayed_length(req) - req.generated)
 
     def _sync_shared(self, name: str, now: float) -> None:
         """Bring every engine sharing cores with `name` up to `now` before its batch changes
