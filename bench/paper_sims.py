@@ -41,6 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from flashq.config import load_config
 from flashq.calibration import Calibration
 from flashq.sim import Simulation
@@ -51,6 +53,8 @@ GROUP_SHARE = 0.5
 PROMPT_TOKENS = 512
 SEER_CHUNK = 8192
 VLLM_MAX_NUM_SEQS = 1024  # vLLM's default on GPUs with 70 GB or more
+SEER_TABLE2_LINEAR = ((0, 1.70), (1, 2.04), (5, 2.32), (15, 2.53))  # (sibling references, acceptance length)
+SEER_TABLE2_LIVE = 2.15  # Qwen2-VL-72B's acceptance length in Seer's live runs (Fig. 11)
 SIGMAS = tuple(round(0.5 + 0.1 * i, 1) for i in range(16))
 
 
@@ -99,9 +103,16 @@ class Workload:
             step_s_per_kv_token=self.kv_bytes_per_token / self.gpus_per_engine / HBM_BYTES_PER_S,
             kv_tokens=self.kv_tokens, prefill_s_per_token=2 * self.active_params / (FLOPS * self.gpus_per_engine),
             train_s=0.0, train_s_per_token=0.0, weight_sync_s=0.0, reward_s=0.0, dispatch_s=0.0,
-            spec_accept=accept_rate(self.acceptance_length) if spec else 0.0,
+            spec_accept_by_refs=[accept_rate(t) for t in self.acceptance_by_refs()] if spec else [],
             source=[f"Seer Table 3 ({self.name}) and H800 physics; see bench/paper_sims.py"],
         )
+
+    def acceptance_by_refs(self) -> list[float]:
+        """Acceptance length with n finished siblings to draft from, n = 0..15: Seer's Table 2
+        (linear drafts, measured on Qwen2-VL-72B), interpolated in n, its gain over plain decoding
+        scaled by this model's live acceptance over Qwen2-VL's (Fig. 11: 2.15)."""
+        scale = (self.acceptance_length - 1) / (SEER_TABLE2_LIVE - 1)
+        return [1 + scale * (float(np.interp(n, *zip(*SEER_TABLE2_LINEAR))) - 1) for n in range(16)]
 
     @property
     def kv_tokens(self) -> float:

@@ -41,6 +41,9 @@ class Calibration:
     contention: float = 1.18  # exponent on the slowdown of oversubscribed cores
     kv_tokens: float = 0.0  # tokens one engine's KV cache holds (0: unlimited); full, it preempts
     spec_accept: float = 0.0  # per-draft-token acceptance probability; 0: no speculation
+    # grouped drafts: acceptance for a request whose group has n finished responses to draft from
+    # (entry n; the last holds beyond); empty: spec_accept for every request
+    spec_accept_by_refs: list[float] = field(default_factory=list)
     spec_max_draft: int = 8
     verify_s_per_token: float = 0.0  # added per draft token verified
     source: list[str] = field(default_factory=list)
@@ -48,17 +51,23 @@ class Calibration:
     def step_time(self, batch: int, kv: float = 0.0) -> float:
         return self.step_s + self.step_s_per_seq * batch + self.step_s_per_kv_token * kv
 
-    def decode(self, batch: int, kv: float = 0.0) -> tuple[float, float]:
-        """(seconds per step, tokens per request per step) at the best draft length for `batch`
-        requests holding `kv` tokens of context."""
-        base = self.step_time(batch, kv)
-        best = (base, 1.0)
-        p = self.spec_accept
-        for g in range(1, self.spec_max_draft + 1) if p > 0 else ():
-            step, tokens = base + self.verify_s_per_token * batch * g, (1 - p ** (g + 1)) / (1 - p)
-            if step / tokens < best[0] / best[1]:
-                best = (step, tokens)
-        return best
+    def accept(self, refs: int) -> float:
+        """Per-draft-token acceptance of a request whose group has `refs` finished responses."""
+        table = self.spec_accept_by_refs
+        return table[min(refs, len(table) - 1)] if table else self.spec_accept
+
+    def decode(self, accept: np.ndarray, kv: float = 0.0) -> tuple[float, np.ndarray]:
+        """(seconds per step, tokens each request advances per step) for running requests whose
+        draft tokens are accepted with probabilities `accept`, holding `kv` tokens of context, at
+        the draft length that minimises time per token (Seer's marginal-benefit rule)."""
+        base = self.step_time(len(accept), kv)
+        best_step, best = base, np.ones(len(accept))
+        if len(accept) and accept.max() > 0:
+            for g in range(1, self.spec_max_draft + 1):
+                step, tokens = base + self.verify_s_per_token * len(accept) * g, (1 - accept ** (g + 1)) / (1 - accept)
+                if step * best.sum() < best_step * tokens.sum():
+                    best_step, best = step, tokens
+        return best_step, best
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
@@ -76,6 +85,10 @@ class Calibration:
             raise ConfigError(f"calibration {path}: unknown constant(s) {unknown}; known: {sorted(known)}")
         for name, value in data.items():
             if name == "source":
+                continue
+            if name == "spec_accept_by_refs":
+                if not isinstance(value, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in value):
+                    raise ConfigError(f"calibration {path}: spec_accept_by_refs must be a list of probabilities in [0, 1), got {value!r}")
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"calibration {path}: {name} must be a number >= 0, got {value!r}")

@@ -15,7 +15,9 @@ around it:
   T(B) + verify_s_per_token * B * g and advances each request by the expected accepted length
   (1 - p^(g+1)) / (1 - p); each step picks the g <= spec_max_draft that minimises time per token
   (Seer's marginal-benefit rule): drafts pay in the tail, where a step's fixed part dominates, and
-  turn off at large batch when a verified token costs about what a request's decode does;
+  turn off at large batch when a verified token costs about what a request's decode does. With
+  grouped drafts (spec_accept_by_refs) a request's p grows with its group's finished responses,
+  counted when its engine's batch last changed;
 - the trainer takes train_s + train_s_per_token * tokens per step, then the weight sync pauses
   every engine for weight_sync_s; with `rollout.recompute_kv_on_update` each engine then
   prefills its running requests again (prompt and tokens generated so far);
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,11 +59,14 @@ class _Engine:
     elapsed time over the step time, taken at the interval's start (the KV part grows a little
     within it). Requests beyond the engine's batch or cache wait inside it, in arrival order."""
 
-    def __init__(self, name: str, cal: Calibration, max_batch: int, shared: _SharedCores | None = None):
-        self.name, self.cal, self.max_batch, self.shared = name, cal, max_batch, shared
+    def __init__(self, name: str, cal: Calibration, max_batch: int, shared: _SharedCores | None = None,
+                 refs: Callable[[GenerateRequest], int] = lambda req: 0):
+        """`refs(req)`: finished responses of the request's group, for grouped drafts."""
+        self.name, self.cal, self.max_batch, self.shared, self.refs = name, cal, max_batch, shared, refs
         if shared is not None:
             shared.engines.append(self)
         self.running: dict[str, list] = {}  # request id -> [tokens left, request, length], in admission order
+        self.accept = np.zeros(0)  # each running request's draft acceptance, in the same order
         self.waiting: list[list] = []  # [tokens left, request, length]: preempted ones go first
         self.kv_tokens = cal.kv_tokens or float("inf")
         self.kv = 0.0  # tokens of context the running requests hold
@@ -72,27 +78,36 @@ class _Engine:
         self.tokens = 0.0
         self.spec_steps = self.spec_tokens = 0.0  # for the mean acceptance length
         self.cached: set[str] = set()  # responses whose prefix this engine holds
+        self._next: float | None = None  # next_finish, until the engine's state changes
 
     def advance(self, now: float) -> None:
+        self._next = None
         start = max(self.t, self.paused_until)
         if now > start and self.running:
             step, tokens = self._decode()
             steps = (now - start) / step
-            if tokens > 1:
+            if tokens.max() > 1:
                 self.spec_steps += steps
-                self.spec_tokens += steps * tokens
-            for item in self.running.values():
-                item[0] -= steps * tokens
-            self.tokens += steps * tokens * len(self.running)
-            self.kv += steps * tokens * len(self.running)
+                self.spec_tokens += steps * tokens.mean()
+            for item, n in zip(self.running.values(), tokens):
+                item[0] -= steps * n
+            self.tokens += steps * tokens.sum()
+            self.kv += steps * tokens.sum()
         if self.running and now > self.t:
             self.busy_s += now - self.t
             self.load_s += (now - self.t) * len(self.running)
         self.t = max(self.t, now)
 
-    def _decode(self) -> tuple[float, float]:
-        step, tokens = self.cal.decode(len(self.running), self.kv)
+    def _decode(self) -> tuple[float, np.ndarray]:
+        step, tokens = self.cal.decode(self.accept, self.kv)
         return (step * self.shared.slowdown() if self.shared else step), tokens
+
+    def _batch_changed(self) -> None:
+        self._next = None
+        if self.cal.spec_accept > 0 or self.cal.spec_accept_by_refs:
+            self.accept = np.array([self.cal.accept(self.refs(item[1])) for item in self.running.values()])
+        else:
+            self.accept = np.zeros(len(self.running))
 
     def add(self, now: float, req: GenerateRequest, length: int) -> None:
         self.advance(now)
@@ -118,6 +133,7 @@ class _Engine:
             uncached = context - (req.generated if req.request_id in self.cached else 0)
             self.paused_until = max(self.paused_until, self.t) + self.cal.prefill_s_per_token * uncached
             self.cached.add(req.request_id)
+        self._batch_changed()
 
     def _preempt(self) -> None:
         """The KV cache is full: like vLLM, evict the request admitted last; it waits at the front
@@ -129,6 +145,7 @@ class _Engine:
             self.kv -= self._context(item)
             self.cached.discard(rid)
             self.preemptions += 1
+        self._batch_changed()
 
     def update_weights(self, now: float, pause_s: float, recompute_kv: bool) -> None:
         """A weight update: the engine pauses, and drops its KV cache if told to, so every running
@@ -138,16 +155,23 @@ class _Engine:
         if recompute_kv:
             self.cached.clear()
             self.paused_until += self.cal.prefill_s_per_token * self.kv
+        self._next = None
 
     def next_finish(self) -> float:
-        """When the engine next changes: a request finishes or its KV cache fills up."""
+        """When the engine next changes: a request finishes or its KV cache fills up. Kept until
+        the engine's state changes, since most events leave most engines alone."""
+        if self._next is None:
+            self._next = self._compute_next_finish()
+        return self._next
+
+    def _compute_next_finish(self) -> float:
         if not self.running:
             return float("inf")
-        left = max(0.0, min(item[0] for item in self.running.values()))
-        if len(self.running) > 1:
-            left = min(left, max(0.0, (self.kv_tokens - self.kv) / len(self.running)))
         step, tokens = self._decode()
-        return max(self.t, self.paused_until) + left / tokens * step
+        steps = max(0.0, min(item[0] / n for item, n in zip(self.running.values(), tokens)))
+        if len(self.running) > 1:
+            steps = min(steps, max(0.0, (self.kv_tokens - self.kv) / tokens.sum()))
+        return max(self.t, self.paused_until) + steps * step
 
     def pop_finished(self, now: float) -> list[tuple[GenerateRequest, int]]:
         self.advance(now)
@@ -181,11 +205,16 @@ class Simulation:
         cores = rollout_cores or len(cfg.placement.rollout)
         shared = _SharedCores(cores, cal.engine_cores, cal.contention) if cores else None
         batch = min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker)
-        self.engines = {w: _Engine(w, cal, batch, shared) for w in workers}
+        self.engines = {w: _Engine(w, cal, batch, shared, self._finished_siblings) for w in workers}
         self.events: list = []
         self.seq = itertools.count()
         self.sent: dict[str, float] = {}  # request id -> first dispatch
         self.finished: dict[str, float] = {}
+
+    def _finished_siblings(self, req: GenerateRequest) -> int:
+        """Whole responses of the request's group so far (a divided response's chunks are not)."""
+        group = self.orch.buffer.groups.get(req.group_id)
+        return len(group.samples) if group is not None else 0
 
     def _length(self, req: GenerateRequest) -> int:
         return min(req.max_tokens, self.orch.replayed_length(req) - req.generated)

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from flashq.config import ConfigError, load_config
@@ -73,9 +74,10 @@ def test_engines_sharing_a_core_take_turns():
 
 def test_speculation_turns_on_in_the_tail_and_off_at_large_batch():
     cal = Calibration(step_s=10e-3, step_s_per_seq=1e-3, spec_accept=0.6, verify_s_per_token=1e-3)
-    step1, tokens1 = cal.decode(1)
-    assert tokens1 > 1.5 and step1 / tokens1 < cal.step_time(1)  # one request alone: drafts pay
-    assert cal.decode(256) == (cal.step_time(256), 1.0)  # a full batch: a verified draft costs what a request does
+    step1, tokens1 = cal.decode(np.full(1, 0.6))
+    assert tokens1[0] > 1.5 and step1 / tokens1[0] < cal.step_time(1)  # one request alone: drafts pay
+    step, tokens = cal.decode(np.full(256, 0.6))
+    assert step == cal.step_time(256) and (tokens == 1.0).all()  # a full batch: a verified draft costs what a request does
     plain, spec = simulate("async_ratio=0").run(), simulate("async_ratio=0", cal=Calibration(spec_accept=0.6)).run()
     assert plain["mean_acceptance_length"] == 1.0 and spec["mean_acceptance_length"] > 1.5
     assert spec["seconds"] < plain["seconds"]
@@ -109,7 +111,18 @@ def test_a_full_kv_cache_preempts_and_costs_time_but_loses_no_request():
 
 def test_step_time_grows_with_the_context_the_cache_holds():
     cal = Calibration(step_s=1e-3, step_s_per_seq=0.0, step_s_per_kv_token=1e-6)
-    assert cal.decode(8, kv=0.0)[0] == pytest.approx(1e-3) and cal.decode(8, kv=4000.0)[0] == pytest.approx(5e-3)
+    assert cal.decode(np.zeros(8), kv=0.0)[0] == pytest.approx(1e-3) and cal.decode(np.zeros(8), kv=4000.0)[0] == pytest.approx(5e-3)
+
+
+def test_grouped_drafts_accept_more_as_a_group_finishes():
+    by_refs = [0.3, 0.5, 0.7]
+    cal = Calibration(step_s=10e-3, step_s_per_seq=1e-3, verify_s_per_token=1e-3, spec_accept_by_refs=by_refs)
+    assert [cal.accept(n) for n in (0, 1, 2, 9)] == [0.3, 0.5, 0.7, 0.7]
+    step, tokens = cal.decode(np.array([0.3, 0.7]))
+    assert tokens[1] > tokens[0] > 1  # one draft length for the batch, each request its own acceptance
+    flat = simulate("async_ratio=0", cal=Calibration(spec_accept=0.3)).run()
+    grouped = simulate("async_ratio=0", cal=Calibration(spec_accept_by_refs=by_refs)).run()
+    assert grouped["mean_acceptance_length"] > flat["mean_acceptance_length"] and grouped["seconds"] < flat["seconds"]
 
 
 def test_oversubscribed_cores_lose_more_than_their_share_with_contention_above_one():
