@@ -121,7 +121,6 @@ def test_forced_lengths_are_deterministic_and_heavy_tailed():
     assert max(lengths) >= 20 * np.median(lengths)
 
 
-
 class RepeatingTasks:
     """Two prompts, asked in turn: every other group is a later epoch of the same prompt."""
 
@@ -145,6 +144,7 @@ def test_a_prompt_asked_again_keeps_its_share_of_the_replayed_length():
     assert by_group[0][0] != by_group[1][0]
     fl = cfg.sampling.forced_lengths
     assert by_group[0] == [forced_length(fl, k, 4) for k in range(4)]  # a prompt's first group: as if asked once
+
 
 def test_grouped_speculation_keeps_each_prompt_on_one_worker_across_its_groups():
     cfg = load_config(None, ["sampling.group_size=4", "trainer.batch_groups=2", "trainer.steps=3", "async_ratio=2",

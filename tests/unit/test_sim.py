@@ -156,6 +156,8 @@ def test_engine_rates_count_tokens_over_busy_time_inside_the_steady_window(tmp_p
     ('{"stepz": 1}', r"unknown constant\(s\) \['stepz'\]"),
     ('{"step_s": "fast"}', "step_s must be a number >= 0, got 'fast'"),
     ('{"kv_tokens": -5}', "kv_tokens must be a number >= 0"),
+    ('{"spec_accept_by_refs": [0.5, 1.0]}', r"spec_accept_by_refs must be a list of probabilities in \[0, 1\), got \[0.5, 1.0\]"),
+    ('{"spec_accept_by_refs": 0.5}', "spec_accept_by_refs must be a list of probabilities"),
 ])
 def test_a_bad_calibration_file_names_what_is_wrong(tmp_path, text, message):
     path = tmp_path / "cal.json"
