@@ -131,6 +131,11 @@ class RolloutConfig(Section):
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = True
     omp_threads: int = Field(1, ge=1, description="CPU backend: OpenMP threads per engine.")
+    engine_wait: Literal["auto", "spin", "nap"] = Field(
+        "auto",
+        description="How vLLM's engine core and worker wait for each other's messages: spin (vLLM's own, "
+        "lowest latency, a core each) or nap (short sleeps); auto naps on the CPU backend, where the cores are the compute.",
+    )
     recompute_kv_on_update: bool = Field(
         True,
         description="After a weight update, re-prefill in-flight requests so later tokens are exactly on-policy for the new version.",

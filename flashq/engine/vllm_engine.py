@@ -73,6 +73,8 @@ class RolloutEngine:
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = rc.gpu_memory_utilization
         os.environ["FLASHQ_SPECULATION"] = rc.speculation  # read by flashq's vLLM plugin in every engine process
+        wait = rc.engine_wait if rc.engine_wait != "auto" else ("nap" if self.device == "cpu" else "spin")
+        os.environ["FLASHQ_ENGINE_WAIT"] = wait  # and this
         if rc.speculation == "ngram":
             kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": rc.num_speculative_tokens,
                                             "prompt_lookup_min": 2, "prompt_lookup_max": 5}
