@@ -29,7 +29,7 @@ from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
 from flashq.divided import DividedRollout
 from flashq.drafting import HISTORY_PROMPTS
-from flashq.lengths import LengthEstimates, forced_length
+from flashq.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
 from flashq.scheduling import ContextAwareOrder, FifoOrder, OracleOrder
@@ -122,7 +122,7 @@ class Orchestrator:
         self.trainer_credits = 0
         self.next_task = 0
         self.next_group = 0
-        self.prompt_numbers: dict[str, int] = {}  # task id -> the group that first asked it (forced lengths only)
+        self.prompt_numbers: dict[str, int] = {}  # prompt key -> the group that first asked it (forced lengths only)
         self.request_worker: dict[str, str] = {}  # request id -> rollout worker
         self.request_sent: dict[str, GenerateRequest] = {}  # in flight, as sent (its latest chunk)
         self.request_sent_at: dict[str, float] = {}  # first chunk sent
@@ -324,8 +324,8 @@ class Orchestrator:
                 self.ledger.tasks_skipped["prompt longer than max_model_len - max_tokens"] += 1
                 continue
             gid = f"g{self.next_group}"
-            if self.cfg.sampling.forced_lengths is not None and "id" in task:
-                self.prompt_numbers.setdefault(str(task["id"]), self.next_group)
+            if self.cfg.sampling.forced_lengths is not None:
+                self.prompt_numbers.setdefault(prompt_key(prompt_ids), self.next_group)
             self.next_group += 1
             admission = self.gate.admit(gid, self.engine_version)
             n = self.cfg.sampling.group_size
@@ -381,13 +381,13 @@ class Orchestrator:
 
     def replayed_length(self, req: GenerateRequest) -> int:
         """Benchmark replay (`sampling.forced_lengths`): the whole length of the response `req`
-        is for. A prompt asked again (a later epoch) keeps its share of the length; which group
+        is for. A prompt asked again (the same token ids: a later epoch, or another task with the
+        same text) keeps its share of the length, as the scheduler's history assumes; which group
         first asked each prompt is not checkpointed, so after a resume a prompt draws it anew."""
         s = self.cfg.sampling
         gid, k = req.group_id, int(req.request_id.rsplit("/", 1)[1])
         number = int(gid[1:])
-        task_id = self.buffer.groups[gid].task.get("id")
-        prompt = self.prompt_numbers.get(str(task_id), number) if task_id is not None else number
+        prompt = self.prompt_numbers.get(prompt_key(req.prompt_ids), number)
         return forced_length(s.forced_lengths, number * s.group_size + k, s.group_size, prompt)
 
     def _send_batches(self) -> None:

@@ -132,18 +132,24 @@ def test_a_prompt_asked_again_keeps_its_share_of_the_replayed_length():
     cfg = load_config(None, ["sampling.group_size=4", "trainer.batch_groups=2", "trainer.steps=3", "async_ratio=2",
                              "rollout.max_inflight_per_worker=64", "sampling.max_tokens=400", "rollout.max_model_len=512",
                              "sampling.forced_lengths={median: 10, sigma: 1.5, min: 1, max: 400, group_share: 1.0}"])
-    orch = Orchestrator(cfg, RepeatingTasks(), lambda t: np.array([1, 2, 3], np.int32), ["rollout-0"], ["reward-0"])
-    orch.pump()
-    by_group = {}
-    for _, m in drain(orch):
-        if isinstance(m, GenerateRequest):
-            by_group.setdefault(int(m.group_id[1:]), []).append(m.max_tokens)
+    def replayed(tasks, encode) -> dict[int, list[int]]:
+        orch = Orchestrator(cfg, tasks, encode, ["rollout-0"], ["reward-0"])
+        orch.pump()
+        by_group = {}
+        for _, m in drain(orch):
+            if isinstance(m, GenerateRequest):
+                by_group.setdefault(int(m.group_id[1:]), []).append(m.max_tokens)
+        return by_group
+
+    by_group = replayed(RepeatingTasks(), lambda t: np.array([1, 2, 3 + int(t["id"][1:])], np.int32))
     assert len(by_group) == 6  # 3 epochs of 2 prompts
     # all of the log-variance is the prompt's, so each prompt answers at one length in every epoch
     assert {g: set(v) for g, v in by_group.items()} == {g: {by_group[g % 2][0]} for g in by_group}
     assert by_group[0][0] != by_group[1][0]
     fl = cfg.sampling.forced_lengths
     assert by_group[0] == [forced_length(fl, k, 4) for k in range(4)]  # a prompt's first group: as if asked once
+    # a prompt is its token ids, as the scheduler's history keys it: other tasks with the same text share its length
+    assert replayed(Tasks(), lambda t: np.array([1, 2, 3 + int(t["id"][1:]) % 2], np.int32)) == by_group
 
 
 def test_grouped_speculation_keeps_each_prompt_on_one_worker_across_its_groups():
