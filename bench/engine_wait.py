@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import print_table, write_result  # noqa: E402
-from bench.longtail import run  # noqa: E402
+from bench.longtail import run, summarize  # noqa: E402
 
 MODES = ("spin", "nap")
 
@@ -40,8 +40,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="flashq-engine-wait-") as tmp:
         for i in range(args.runs):
             for mode in MODES:
-                row = run(f"{mode}-{i}", ["rollout.scheduler=fifo", f"rollout.engine_wait={mode}"], overrides,
-                          Path(tmp) / f"{mode}-{i}", skip_first=1)
+                row = summarize(mode, run(f"{mode}-{i}", ["rollout.scheduler=fifo", f"rollout.engine_wait={mode}"], overrides,
+                                          Path(tmp) / f"{mode}-{i}", skip_first=1))
                 rates = [s["tokens"] / s["makespan_s"] for s in row["per_step"]]
                 runs.append({"mode": mode, "run": i, "makespan_s": row["makespan_s"], "step_tokens_per_s": rates,
                              "per_step": [{k: s[k] for k in ("step", "makespan_s", "tail_s", "tokens")} for s in row["per_step"]]})

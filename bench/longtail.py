@@ -6,8 +6,10 @@ weight sync), so every step's rollout is one phase: all of the step's requests a
 together and the step's makespan runs from the first request sent to the last response back.
 Tail time is the part of it after 90% of the step's responses were back (Seer's "last 10%").
 The request trace (`requests.jsonl`) gives both, per step; the table shows means over steps.
+With `--rounds N` the policies take turns N times, so a drifting host slows them alike.
 
     python bench/longtail.py                     # writes bench/results/longtail.json
+    python bench/longtail.py --rounds 2 trainer.steps=6   # each policy twice, 5 measured steps a run
     python bench/longtail.py --chunk 64 128      # divided rollout with other chunk sizes too
 """
 
@@ -55,18 +57,21 @@ def step_times(trace: list[dict]) -> list[dict]:
     return out
 
 
-def run(name: str, overrides: list[str], extra: list[str], run_dir: Path, skip_first: int) -> dict:
+def run(name: str, overrides: list[str], extra: list[str], run_dir: Path, skip_first: int) -> list[dict]:
+    """One `flashq launch` of the workload under `overrides`: its steps, the first `skip_first` left out."""
     cmd = [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", *overrides, *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stdout[-3000:]}")
     trace = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    steps = step_times(trace)[skip_first:]
-    makespan = float(np.mean([s["makespan_s"] for s in steps]))
+    return step_times(trace)[skip_first:]
+
+
+def summarize(name: str, steps: list[dict]) -> dict:
     return {
         "policy": name,
         "steps_measured": len(steps),
-        "makespan_s": makespan,
+        "makespan_s": float(np.mean([s["makespan_s"] for s in steps])),
         "tail_s": float(np.mean([s["tail_s"] for s in steps])),
         "tail_share": float(np.mean([s["tail_s"] / s["makespan_s"] for s in steps])),
         "tokens_per_s": float(np.sum([s["tokens"] for s in steps]) / np.sum([s["makespan_s"] for s in steps])),
@@ -162,6 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunk", type=int, nargs="+", default=[128], help="divided rollout chunk sizes to try")
     ap.add_argument("--skip-first", type=int, default=1, help="steps left out of the means (engine warm-up)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each policy, taking turns; their steps are pooled")
     ap.add_argument("--keep", type=Path, help="keep the run directories here (bench/sim.py reads them)")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = ap.parse_args()
@@ -174,12 +180,16 @@ def main() -> None:
         overhead,
         [("prefix_cache", "prefix cache", ""), ("chunk_tokens", "chunk", "d"), ("seconds", "seconds", ".2f"), ("time_vs_whole", "vs whole", ".2f")],
     )
-    rows = []
+    steps: dict[str, list[dict]] = {name: [] for name, _ in policies(args.chunk)}
     with tempfile.TemporaryDirectory(prefix="flashq-longtail-") as tmp:
-        for name, policy in policies(args.chunk):
-            row = run(name, policy, args.overrides, (args.keep or Path(tmp)) / ("sched-" + name.replace("/", "-").replace("+", "-")), args.skip_first)
-            rows.append(row)
-            print(f"{name}: makespan {row['makespan_s']:.2f}s, tail {row['tail_s']:.2f}s", flush=True)
+        for rnd in range(args.rounds):  # policies take turns, so the host's drift hits them alike
+            for name, policy in policies(args.chunk):
+                run_dir = (args.keep or Path(tmp)) / f"sched-{name.replace('/', '-').replace('+', '-')}-{rnd}"
+                measured = [{**s, "round": rnd} for s in run(name, policy, args.overrides, run_dir, args.skip_first)]
+                steps[name] += measured
+                row = summarize(name, measured)
+                print(f"round {rnd} {name}: makespan {row['makespan_s']:.2f}s, tail {row['tail_s']:.2f}s", flush=True)
+    rows = [summarize(name, s) for name, s in steps.items()]
     fifo = next(r for r in rows if r["policy"] == "fifo")
     oracle = next(r for r in rows if r["policy"] == "oracle")
     for r in rows:
