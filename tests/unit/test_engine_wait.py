@@ -28,9 +28,13 @@ def test_a_napping_reader_gets_every_message_in_order(monkeypatch):
     # bursts, and waits long enough to nap at the cap (all under vLLM's 1 s idle, where it would poll)
     delays = [0.0, 0.0, 0.002, 0.0, 0.03, 0.0005, 0.0, 0.01] * 5
 
+    naps_while_waiting = []
+
     def write():
         for i, delay in enumerate(delays):
             time.sleep(delay)
+            if delay >= 0.01:  # the reader has waited long enough to nap at the cap
+                naps_while_waiting.append(getattr(reader._spin_condition, "nap_s", None))
             writer.enqueue({"step": i, "payload": list(range(i))})
 
     thread = threading.Thread(target=write)
@@ -39,3 +43,4 @@ def test_a_napping_reader_gets_every_message_in_order(monkeypatch):
     thread.join()
     assert [m["step"] for m in got] == list(range(len(delays)))
     assert got[7]["payload"] == list(range(7))
+    assert naps_while_waiting == [2e-4] * 10  # it napped rather than spun
