@@ -6,7 +6,9 @@ room (per-request dispatch, not per-batch), in the order `flashq.scheduling` kee
 configured). Replicas of one prompt are independent requests, so they spread over workers when
 that is where the room is, unless `affinity` names a key (the group id) whose requests should
 stay on one worker while it has room: siblings then share that engine's prefix cache and drafts,
-as in systems that hand each engine a contiguous slice of the batch (veRL).
+as in systems that hand each engine a contiguous slice of the batch (veRL). `prefer` names the one
+worker an item would rather run on (a divided response's next chunk: where its tokens so far are
+in the prefix cache); it goes there while that worker has room, and spills to the least loaded.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ T = TypeVar("T")
 
 class LeastLoadedQueue(Generic[T]):
     def __init__(self, workers: list[str], cap_per_worker: int, order: WaitingOrder | None = None,
-                 affinity: Callable[[T], str] | None = None, max_homes: int = 1 << 16):
+                 affinity: Callable[[T], str] | None = None, max_homes: int = 1 << 16,
+                 prefer: Callable[[T], str | None] | None = None):
         """`max_homes`: affinity keys remembered at once; the least recently used is forgotten
         first (a key that outlives its groups, such as a prompt, must not grow without bound)."""
         if not workers:
             raise ValueError("need at least one worker")
         self.cap = cap_per_worker
         self.affinity = affinity
+        self.prefer = prefer
         self.max_homes = max_homes
         self.home: OrderedDict[str, str] = OrderedDict()  # affinity key -> the worker its first item went to
         self.load: dict[str, int] = {w: 0 for w in workers}
@@ -50,12 +54,17 @@ class LeastLoadedQueue(Generic[T]):
             if self.load[worker] >= self.cap:
                 break
             item = self.waiting.pop()
-            if self.affinity is not None:
-                worker = self._home(self.affinity(item), worker)
+            worker = self._worker_for(item, worker)
             self.load[worker] += 1
             self.clocks[worker].begin()
             out.append((worker, item))
         return out
+
+    def _worker_for(self, item: T, least_loaded: str) -> str:
+        preferred = self.prefer(item) if self.prefer is not None else None
+        if preferred is not None and self.load.get(preferred, self.cap) < self.cap:
+            return preferred
+        return self._home(self.affinity(item), least_loaded) if self.affinity is not None else least_loaded
 
     def _home(self, key: str, least_loaded: str) -> str:
         home = self.home.setdefault(key, least_loaded)

@@ -108,6 +108,7 @@ class Orchestrator:
             rollout_workers, cfg.rollout.max_inflight_per_worker, self._waiting_order(),
             affinity=self._affinity(),
             max_homes=HISTORY_PROMPTS * len(rollout_workers),  # beyond that no engine holds a prompt's history
+            prefer=lambda req: self.chunk_worker.get(req.request_id),
         )
         self.score_queue: LeastLoadedQueue[ScoreRequest] = LeastLoadedQueue(
             reward_workers, cfg.reward.max_inflight_per_worker
@@ -126,6 +127,7 @@ class Orchestrator:
         self.request_worker: dict[str, str] = {}  # request id -> rollout worker
         self.request_sent: dict[str, GenerateRequest] = {}  # in flight, as sent (its latest chunk)
         self.request_sent_at: dict[str, float] = {}  # first chunk sent
+        self.chunk_worker: dict[str, str] = {}  # divided response waiting for its next chunk -> its last worker
         self.finished_requests: list[dict] = []  # timings of finished responses, for the request trace
         self.worker_tokens: Counter = Counter()  # tokens each rollout worker generated
         self.score_worker: dict[str, str] = {}  # request id -> reward worker
@@ -153,6 +155,7 @@ class Orchestrator:
         generated = request.generated + len(sample.token_ids)
         self.lengths.observe(sample.group_id, generated, finished=isinstance(done, Sample))
         if isinstance(done, GenerateRequest):  # divided rollout: back to the scheduler for the next chunk
+            self.chunk_worker[done.request_id] = worker  # its prefix is cached there
             self.gen_queue.submit(done)
             return
         sample = done
@@ -290,6 +293,7 @@ class Orchestrator:
         for worker, req in ([] if self.generation_paused else self.gen_queue.assignments()):
             self.request_worker[req.request_id] = worker
             self.request_sent[req.request_id] = req
+            self.chunk_worker.pop(req.request_id, None)
             if req.request_id not in self.request_sent_at:  # first chunk, not a re-queued request
                 self.request_sent_at[req.request_id] = self.clock()
                 self.ledger.requests_sent += 1

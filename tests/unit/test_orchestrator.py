@@ -184,3 +184,19 @@ def test_grouped_speculation_keeps_each_episode_task_on_one_worker():
         workers_of_task.setdefault(m.task["id"], set()).add(w)
     assert len(sent) == 4 * 3 and all(len(ws) == 1 for ws in workers_of_task.values())
     assert workers_of_task["0"] != workers_of_task["1"]  # different tasks still spread
+
+
+def test_a_divided_response_continues_on_the_worker_that_holds_its_prefix():
+    orch = make(["async_ratio=0", "rollout.chunk_tokens=4", "sampling.max_tokens=12", "rollout.max_inflight_per_worker=8"])
+    orch.pump()
+    reqs = [(p, m) for p, m in drain(orch) if isinstance(m, GenerateRequest)]
+    peer, first = next((p, m) for p, m in reqs if p == "rollout-1")
+    assert first.max_tokens == 4
+    finish(orch, next(m for p, m in reqs if p == "rollout-0"), "rollout-0")  # now both have 3 in flight
+    orch.on_sample(peer, Sample(first.request_id, first.group_id, 1, np.arange(4, dtype=np.int32),
+                                np.zeros(4, np.float32), np.zeros(4, np.int32), "length"))
+    orch.pump()
+    (p2, cont), = [(p, m) for p, m in drain(orch) if isinstance(m, GenerateRequest)]
+    assert cont.request_id == first.request_id and cont.generated == 4
+    assert p2 == "rollout-1"  # rollout-0 is as free (and first), but rollout-1's prefix cache holds the tokens so far
+    assert orch.chunk_worker == {}
