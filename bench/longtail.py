@@ -10,7 +10,8 @@ With `--rounds N` the policies take turns N times, so a drifting host slows them
 
     python bench/longtail.py                     # writes bench/results/longtail.json
     python bench/longtail.py --rounds 2 trainer.steps=6   # each policy twice, 5 measured steps a run
-    python bench/longtail.py --chunk 64 128      # divided rollout with other chunk sizes too
+    python bench/longtail.py --chunk 64 128      # divided rollout at these chunk sizes (the first is the figure's)
+    python bench/longtail.py --overhead-only     # only measure what dividing costs and pick the chunk size
 """
 
 from __future__ import annotations
@@ -124,48 +125,86 @@ def workload(extra: list[str]) -> dict:
     }
 
 
-def chunk_overhead(chunks: list[int], requests: int = 32, length: int = 768) -> list[dict]:
-    """What dividing costs the engine: the same forced-length responses generated whole and in
-    chunks (each chunk a new request whose prompt is the prompt plus the tokens so far), with the
-    prefix cache on and off. The cache is what keeps re-prefill cheap."""
+CHUNK_BUDGET = 1.05  # a chunk size may cost at most this much engine time over whole responses
+
+
+def chunk_overhead(chunks: list[int], extra: list[str], repeats: int = 3, length: int = 512) -> list[dict]:
+    """What dividing costs the engine: two batches' worth of forced-length responses generated
+    whole and in chunks, on flashq's own engine (`RolloutEngine`, napping as on any CPU run) with
+    its own `DividedRollout`, each continuation sent the moment its chunk is back. The engine and
+    this process share one core, as each of the workload's two workers has one core's worth of the
+    host: a chunk's request handling then costs engine time, as it does in the runs. With the prefix
+    cache on and off: the cache is what keeps re-prefill cheap. Sizes take turns `repeats` times,
+    and each row is the median, so one slow moment of the host cannot pick the chunk size."""
+    import asyncio
     import time
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs.engine import tokens_input
-
+    from flashq.divided import DividedRollout
+    from flashq.engine.vllm_engine import RolloutEngine
     from flashq.models.tiny import TinyModelSpec, ensure_tiny_model
+    from flashq.protocol import GenerateRequest
 
     model = ensure_tiny_model(TinyModelSpec(), ROOT / ".cache" / "flashq")
-    prompts = [[2, 100 + i % 50, 120, 14, 53, 47] for i in range(requests)]
+    seconds: dict[tuple[bool, int], list[float]] = {}
+
+    async def generate(engine: RolloutEngine, chunk: int, tag: str) -> float:
+        divided = DividedRollout(chunk if chunk < length else 0)
+        n = 2 * engine.cfg.rollout.max_num_seqs
+
+        async def one(i: int) -> None:
+            prompt = np.array([2, 100 + i, 120, 14, 53, 47, 9 + i % 7], dtype=np.int32)
+            req = divided.first(GenerateRequest(f"{tag}-{i}", f"g{i}", prompt, max_tokens=length, min_tokens=length))
+            while True:
+                done = divided.on_chunk(req, await engine.generate(req))
+                if not isinstance(done, GenerateRequest):
+                    return
+                req = done
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return time.perf_counter() - t0
+
+    async def measure(cache: bool) -> None:
+        cfg = load_config(CONFIG, [*extra, f"rollout.engine_kwargs={{enable_prefix_caching: {str(cache).lower()}}}"])
+        engine = RolloutEngine(cfg, model, 0, "cpu")
+        await engine.start()
+        try:
+            await generate(engine, length, "warm")  # not timed
+            sizes = [length, *chunks]
+            for rep in range(repeats):
+                for k, chunk in enumerate(sizes[rep % len(sizes):] + sizes[: rep % len(sizes)]):
+                    seconds.setdefault((cache, chunk), []).append(await generate(engine, chunk, f"r{rep}-{k}"))
+        finally:
+            await engine.shutdown()
+
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # inherited by the engine's processes
+    try:
+        for cache in (True, False):
+            asyncio.run(measure(cache))
+    finally:
+        os.sched_setaffinity(0, cores)
     out = []
-    for cache in (True, False):
-        llm = LLM(model=str(model), dtype="float32", max_model_len=length + 64, max_num_seqs=16, enforce_eager=True,
-                  enable_prefix_caching=cache, seed=0)
-        warm = SamplingParams(max_tokens=64, min_tokens=64, detokenize=False)
-        llm.generate([tokens_input(p) for p in prompts], warm, use_tqdm=False)  # warm-up, not timed
-        for chunk in [length, *chunks]:
-            seqs = [list(p) for p in prompts]
-            t0 = time.perf_counter()
-            done = 0
-            while done < length:
-                step = min(chunk, length - done)
-                params = SamplingParams(max_tokens=step, min_tokens=step, temperature=1.0, detokenize=False)
-                results = llm.generate([tokens_input(s) for s in seqs], params, use_tqdm=False)
-                seqs = [s + list(r.outputs[0].token_ids) for s, r in zip(seqs, results)]
-                done += step
-            out.append({"prefix_cache": cache, "chunk_tokens": chunk, "seconds": time.perf_counter() - t0})
-        del llm
-    for row in out:
-        whole = next(r for r in out if r["prefix_cache"] == row["prefix_cache"] and r["chunk_tokens"] == length)
-        row["time_vs_whole"] = row["seconds"] / whole["seconds"]
+    for (cache, chunk), times in seconds.items():
+        whole = float(np.median(seconds[(cache, length)]))
+        out.append({"prefix_cache": cache, "chunk_tokens": chunk, "seconds": float(np.median(times)),
+                    "runs_s": [round(t, 3) for t in times], "time_vs_whole": float(np.median(times)) / whole})
     return out
+
+
+def pick_chunk(overhead: list[dict]) -> int:
+    """The smallest chunk (the finest re-balancing) whose measured cost, prefix cache on, is
+    within CHUNK_BUDGET of generating whole; the largest measured if none is."""
+    cached = sorted((r for r in overhead if r["prefix_cache"]), key=lambda r: r["chunk_tokens"])
+    fits = [r["chunk_tokens"] for r in cached[:-1] if r["time_vs_whole"] <= CHUNK_BUDGET]
+    return fits[0] if fits else cached[-2]["chunk_tokens"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--chunk", type=int, nargs="+", default=[128], help="divided rollout chunk sizes to try")
+    ap.add_argument("--chunk", type=int, nargs="+", default=[],
+                    help="divided rollout chunk sizes to run (default: the one the overhead measurement picks)")
+    ap.add_argument("--overhead-only", action="store_true", help="measure what dividing costs, pick a chunk size, stop")
     ap.add_argument("--skip-first", type=int, default=1, help="steps left out of the means (engine warm-up)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each policy, taking turns; their steps are pooled")
     ap.add_argument("--keep", type=Path, help="keep the run directories here (bench/sim.py reads them)")
@@ -174,16 +213,22 @@ def main() -> None:
 
     wl = workload(args.overrides)
     print(f"workload: {wl}", flush=True)
-    overhead = chunk_overhead(sorted({32, 64, 128, 256, *args.chunk}))
+    overhead = chunk_overhead(sorted({32, 64, 128, 256, *args.chunk}), args.overrides)
     print_table(
-        "cost of dividing a 768-token response into chunks (32 requests, engine batch 16)",
+        f"cost of dividing 512-token responses into chunks ({2 * wl['engine_batch']} requests, engine batch "
+        f"{wl['engine_batch']}; median of 3 interleaved runs)",
         overhead,
         [("prefix_cache", "prefix cache", ""), ("chunk_tokens", "chunk", "d"), ("seconds", "seconds", ".2f"), ("time_vs_whole", "vs whole", ".2f")],
     )
-    steps: dict[str, list[dict]] = {name: [] for name, _ in policies(args.chunk)}
+    picked = pick_chunk(overhead)
+    print(f"picked chunk: {picked} tokens (the smallest within {CHUNK_BUDGET:.2f}x of whole, prefix cache on)", flush=True)
+    if args.overhead_only:
+        return
+    chunks = args.chunk or [picked]
+    steps: dict[str, list[dict]] = {name: [] for name, _ in policies(chunks)}
     with tempfile.TemporaryDirectory(prefix="flashq-longtail-") as tmp:
         for rnd in range(args.rounds):  # policies take turns, so the host's drift hits them alike
-            for name, policy in policies(args.chunk):
+            for name, policy in policies(chunks):
                 run_dir = (args.keep or Path(tmp)) / f"sched-{name.replace('/', '-').replace('+', '-')}-{rnd}"
                 measured = [{**s, "round": rnd} for s in run(name, policy, args.overrides, run_dir, args.skip_first)]
                 steps[name] += measured
@@ -206,13 +251,14 @@ def main() -> None:
     )
     (ROOT / "docs").mkdir(exist_ok=True)
     plot(rows, ROOT / "docs" / "longtail.png")
-    divided = min((r for r in rows if r["policy"].startswith("context_aware+divided")), key=lambda r: r["makespan_s"])
+    divided = next(r for r in rows if r["policy"] == f"context_aware+divided/{chunks[0]}")
     figures = {
         "tail_time_vs_fifo": divided["tail_vs_fifo"],
         "makespan_vs_oracle": divided["makespan_vs_oracle"],
         "makespan_vs_fifo": divided["makespan_vs_fifo"],
         "context_aware_tail_time_vs_fifo": next(r for r in rows if r["policy"] == "context_aware")["tail_vs_fifo"],
-        "divided_chunk_tokens": int(divided["policy"].rsplit("/", 1)[1]),
+        "divided_chunk_tokens": chunks[0],
+        "picked_chunk_tokens": picked,
     }
     figures["chunk_overhead_with_prefix_cache"] = next(
         r["time_vs_whole"] for r in overhead if r["prefix_cache"] and r["chunk_tokens"] == figures["divided_chunk_tokens"])
