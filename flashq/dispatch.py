@@ -8,7 +8,8 @@ that is where the room is, unless `affinity` names a key (the group id) whose re
 stay on one worker while it has room: siblings then share that engine's prefix cache and drafts,
 as in systems that hand each engine a contiguous slice of the batch (veRL). `prefer` names the one
 worker an item would rather run on (a divided response's next chunk: where its tokens so far are
-in the prefix cache); it goes there while that worker has room, and spills to the least loaded.
+in the prefix cache); it goes there when no worker is less loaded, so the cache breaks ties but
+never keeps work from a worker with more room (moving it there is what divided rollout is for).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class LeastLoadedQueue(Generic[T]):
 
     def _worker_for(self, item: T, least_loaded: str) -> str:
         preferred = self.prefer(item) if self.prefer is not None else None
-        if preferred is not None and self.load.get(preferred, self.cap) < self.cap:
+        if preferred is not None and self.load.get(preferred, self.cap) <= self.load[least_loaded]:
             return preferred
         return self._home(self.affinity(item), least_loaded) if self.affinity is not None else least_loaded
 

@@ -155,7 +155,7 @@ class Orchestrator:
         generated = request.generated + len(sample.token_ids)
         self.lengths.observe(sample.group_id, generated, finished=isinstance(done, Sample))
         if isinstance(done, GenerateRequest):  # divided rollout: back to the scheduler for the next chunk
-            self.chunk_worker[done.request_id] = worker  # its prefix is cached there
+            self.chunk_worker[done.request_id] = worker  # its prefix is cached there: the tie-break
             self.gen_queue.submit(done)
             return
         sample = done

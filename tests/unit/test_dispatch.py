@@ -59,13 +59,12 @@ def test_affinity_homes_are_bounded_and_the_least_recently_used_is_forgotten():
     assert list(q.home) == ["p0", "p2"]
 
 
-def test_a_preferred_worker_takes_its_item_while_it_has_room_and_else_the_item_spills():
-    q = LeastLoadedQueue(["a", "b"], cap_per_worker=1, prefer=lambda item: "b" if item.startswith("cont") else None)
+def test_a_preferred_worker_takes_its_item_on_a_tie_and_a_less_loaded_worker_takes_it_otherwise():
+    q = LeastLoadedQueue(["a", "b"], cap_per_worker=4, prefer=lambda item: "b" if item.startswith("cont") else None)
     q.submit("cont-0")
-    assert q.assignments() == [("b", "cont-0")]  # "a" was the least loaded
+    assert q.assignments() == [("b", "cont-0")]  # a tie: "a" would be first, but "b" holds the prefix
     q.submit("cont-1")
-    assert q.assignments() == [("a", "cont-1")]  # "b" is full: spill
-    q.done("a")
-    q.done("b")
+    assert q.assignments() == [("a", "cont-1")]  # "a" has more room: balance wins
+    q.submit("cont-2")
     q.submit("fresh")
-    assert q.assignments() == [("a", "fresh")]
+    assert q.assignments() == [("b", "cont-2"), ("a", "fresh")]
