@@ -7,11 +7,14 @@ together and the step's makespan runs from the first request sent to the last re
 Tail time is the part of it after 90% of the step's responses were back (Seer's "last 10%").
 The request trace (`requests.jsonl`) gives both, per step; the table shows means over steps.
 With `--rounds N` the policies take turns N times, so a drifting host slows them alike.
+Divided rollout runs at several chunk sizes; the figures are the smallest one whose steps cost at
+most 5% over undivided (`pick_chunk`). A separate measurement gives the engine's share of a
+chunk's cost, with the prefix cache on and off (`chunk_overhead`).
 
     python bench/longtail.py                     # writes bench/results/longtail.json
     python bench/longtail.py --rounds 2 trainer.steps=6   # each policy twice, 5 measured steps a run
-    python bench/longtail.py --chunk 64 128      # divided rollout at these chunk sizes (the first is the figure's)
-    python bench/longtail.py --overhead-only     # only measure what dividing costs and pick the chunk size
+    python bench/longtail.py --chunk 128 256     # divided rollout at these chunk sizes (default 64 128 256)
+    python bench/longtail.py --overhead-only     # only the engine's share of what a chunk costs
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def workload(extra: list[str]) -> dict:
     }
 
 
-CHUNK_BUDGET = 1.05  # a chunk size may cost at most this much engine time over whole responses
+CHUNK_BUDGET = 1.05  # a chunk size may cost at most this much step time over undivided rollout
 
 
 def chunk_overhead(chunks: list[int], extra: list[str], repeats: int = 3, length: int = 512) -> list[dict]:
@@ -133,9 +136,10 @@ def chunk_overhead(chunks: list[int], extra: list[str], repeats: int = 3, length
     whole and in chunks, on flashq's own engine (`RolloutEngine`, napping as on any CPU run) with
     its own `DividedRollout`, each continuation sent the moment its chunk is back. The engine and
     this process share one core, as each of the workload's two workers has one core's worth of the
-    host: a chunk's request handling then costs engine time, as it does in the runs. With the prefix
-    cache on and off: the cache is what keeps re-prefill cheap. Sizes take turns `repeats` times,
-    and each row is the median, so one slow moment of the host cannot pick the chunk size."""
+    host. With the prefix cache on and off: the cache is what keeps re-prefill cheap. Sizes take
+    turns `repeats` times; each row is the median. This is the engine's share of what a chunk
+    costs; the runs add the rest (a round trip through the coordinator per chunk), and the chunk
+    size is picked from them (`pick_chunk`)."""
     import asyncio
     import time
 
@@ -192,19 +196,20 @@ def chunk_overhead(chunks: list[int], extra: list[str], repeats: int = 3, length
     return out
 
 
-def pick_chunk(overhead: list[dict]) -> int:
-    """The smallest chunk (the finest re-balancing) whose measured cost, prefix cache on, is
-    within CHUNK_BUDGET of generating whole; the largest measured if none is."""
-    cached = sorted((r for r in overhead if r["prefix_cache"]), key=lambda r: r["chunk_tokens"])
-    fits = [r["chunk_tokens"] for r in cached[:-1] if r["time_vs_whole"] <= CHUNK_BUDGET]
-    return fits[0] if fits else cached[-2]["chunk_tokens"]
+def pick_chunk(rows: list[dict], chunks: list[int]) -> int:
+    """The smallest chunk (the finest re-balancing) whose runs' mean step makespan is within
+    CHUNK_BUDGET of undivided context-aware scheduling on the same steps; the largest if none is."""
+    undivided = next(r for r in rows if r["policy"] == "context_aware")["makespan_s"]
+    cost = {c: next(r for r in rows if r["policy"] == f"context_aware+divided/{c}")["makespan_s"] / undivided for c in chunks}
+    fits = [c for c in sorted(cost) if cost[c] <= CHUNK_BUDGET]
+    return fits[0] if fits else max(cost)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--chunk", type=int, nargs="+", default=[],
-                    help="divided rollout chunk sizes to run (default: the one the overhead measurement picks)")
-    ap.add_argument("--overhead-only", action="store_true", help="measure what dividing costs, pick a chunk size, stop")
+    ap.add_argument("--chunk", type=int, nargs="+", default=[64, 128, 256],
+                    help="divided rollout chunk sizes to run; the figures are the picked one's (pick_chunk)")
+    ap.add_argument("--overhead-only", action="store_true", help="only measure the engine's share of a chunk's cost")
     ap.add_argument("--skip-first", type=int, default=1, help="steps left out of the means (engine warm-up)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each policy, taking turns; their steps are pooled")
     ap.add_argument("--keep", type=Path, help="keep the run directories here (bench/sim.py reads them)")
@@ -213,18 +218,16 @@ def main() -> None:
 
     wl = workload(args.overrides)
     print(f"workload: {wl}", flush=True)
-    overhead = chunk_overhead(sorted({32, 64, 128, 256, *args.chunk}), args.overrides)
+    chunks = sorted(set(args.chunk))
+    overhead = chunk_overhead(sorted({32, *chunks}), args.overrides)
     print_table(
         f"cost of dividing 512-token responses into chunks ({2 * wl['engine_batch']} requests, engine batch "
         f"{wl['engine_batch']}; median of 3 interleaved runs)",
         overhead,
         [("prefix_cache", "prefix cache", ""), ("chunk_tokens", "chunk", "d"), ("seconds", "seconds", ".2f"), ("time_vs_whole", "vs whole", ".2f")],
     )
-    picked = pick_chunk(overhead)
-    print(f"picked chunk: {picked} tokens (the smallest within {CHUNK_BUDGET:.2f}x of whole, prefix cache on)", flush=True)
     if args.overhead_only:
         return
-    chunks = args.chunk or [picked]
     steps: dict[str, list[dict]] = {name: [] for name, _ in policies(chunks)}
     with tempfile.TemporaryDirectory(prefix="flashq-longtail-") as tmp:
         for rnd in range(args.rounds):  # policies take turns, so the host's drift hits them alike
@@ -251,17 +254,20 @@ def main() -> None:
     )
     (ROOT / "docs").mkdir(exist_ok=True)
     plot(rows, ROOT / "docs" / "longtail.png")
-    divided = next(r for r in rows if r["policy"] == f"context_aware+divided/{chunks[0]}")
+    picked = pick_chunk(rows, chunks)
+    print(f"picked chunk: {picked} tokens (the smallest whose steps take at most {CHUNK_BUDGET:.2f}x undivided)")
+    divided = next(r for r in rows if r["policy"] == f"context_aware+divided/{picked}")
     figures = {
         "tail_time_vs_fifo": divided["tail_vs_fifo"],
         "makespan_vs_oracle": divided["makespan_vs_oracle"],
         "makespan_vs_fifo": divided["makespan_vs_fifo"],
         "context_aware_tail_time_vs_fifo": next(r for r in rows if r["policy"] == "context_aware")["tail_vs_fifo"],
-        "divided_chunk_tokens": chunks[0],
-        "picked_chunk_tokens": picked,
+        "divided_chunk_tokens": picked,
+        "divided_makespan_vs_undivided": divided["makespan_s"] / next(r for r in rows if r["policy"] == "context_aware")["makespan_s"],
     }
-    figures["chunk_overhead_with_prefix_cache"] = next(
-        r["time_vs_whole"] for r in overhead if r["prefix_cache"] and r["chunk_tokens"] == figures["divided_chunk_tokens"])
+    for cache in (True, False):  # the engine's share of that cost, and what the prefix cache saves of it
+        figures[f"engine_chunk_overhead_{'with' if cache else 'without'}_prefix_cache"] = next(
+            r["time_vs_whole"] for r in overhead if r["prefix_cache"] == cache and r["chunk_tokens"] == picked)
     path = write_result("longtail", {"workload": wl, "runs": rows, "chunk_overhead": overhead}, figures,
                         notes="Synchronous steps on the real engine; makespan from the first request sent to the last "
                               "response back, per step; tail = makespan minus the time 90% of responses were back.")
