@@ -2,10 +2,10 @@
 
 The trainer's line (seconds per step against tokens) and the weight-sync pause come straight
 from each step's metrics. The engine's constants (step_s, step_s_per_seq, dispatch_s,
-engine_cores, contention) cannot: a run records the combined effect of batching, the long tail,
-engines sharing cores and the overhead around the engine. So they are fitted by simulation: each
-calibration run is simulated from its own config, and the constants are searched (Nelder-Mead in
-log space, from several starts) to minimise the squared log errors of
+engine_cores, contention, switch_s) cannot: a run records the combined effect of batching, the
+long tail, engines sharing cores and the overhead around the engine. So they are fitted by
+simulation: each calibration run is simulated from its own config, and the constants are
+searched (Nelder-Mead in log space, from several starts) to minimise the squared log errors of
 - the seconds per trainer step, in steady state;
 - each engine's output tokens per busy second, where the run wrote a request trace
   (`log.request_trace`): what it generated while it had requests, from the first trainer step on.
@@ -39,6 +39,7 @@ class Calibration:
     dispatch_s: float = 1.8e-3  # from a freed slot to the next request's admission: per-request overhead
     engine_cores: float = 1.41  # CPU cores one engine keeps busy at full speed (its engine and worker processes)
     contention: float = 1.18  # exponent on the slowdown of oversubscribed cores
+    switch_s: float = 0.0  # per step, waiting for a core another engine holds (per engine beyond the cores)
     kv_tokens: float = 0.0  # tokens one engine's KV cache holds (0: unlimited); full, it preempts
     spec_accept: float = 0.0  # per-draft-token acceptance probability; 0: no speculation
     # grouped drafts: acceptance for a request whose group has n finished responses to draft from
@@ -160,7 +161,7 @@ def simulated_step_s(result: dict) -> float:
     return float(np.mean(result["step_s_per_step"][1:]))
 
 
-ENGINE_CONSTANTS = ("step_s", "step_s_per_seq", "dispatch_s", "engine_cores", "contention")
+ENGINE_CONSTANTS = ("step_s", "step_s_per_seq", "dispatch_s", "engine_cores", "contention", "switch_s")
 
 
 def fit_engine(cal: Calibration, run_dirs: list[Path], starts: int = 4, evaluations: int = 160) -> Calibration:
@@ -183,8 +184,8 @@ def fit_engine(cal: Calibration, run_dirs: list[Path], starts: int = 4, evaluati
         return total
 
     # starts: the engine from fast to slow, one or two cores' worth of work per engine
-    base = np.log([getattr(cal, name) for name in ENGINE_CONSTANTS])
-    offsets = [np.zeros(5), np.log([2, 4, 1, 2, 1.2]), np.log([0.5, 2, 10, 1.5, 1]), np.log([1, 1, 100, 1, 0.8])]
+    base = np.log([getattr(cal, name) or 1e-3 for name in ENGINE_CONSTANTS])  # switch_s starts at 1 ms
+    offsets = [np.zeros(6), np.log([2, 4, 1, 2, 1.2, 0.1]), np.log([0.5, 2, 10, 1.5, 1, 3]), np.log([1, 1, 100, 1, 0.8, 1])]
     best = min((nelder_mead(loss, base + o, evaluations) for o in offsets[:starts]), key=lambda r: r[1])
     return at(best[0])
 

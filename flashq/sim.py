@@ -24,7 +24,10 @@ around it:
 - a dispatched request reaches its engine dispatch_s later; reward takes reward_s per response;
 - rollout workers pinned to CPU cores (`placement.rollout`) share them: while k engines are busy
   on c cores, each steps at (c / (k * engine_cores)) ** contention of its speed when that is
-  below 1 (contention > 1: oversubscribed cores lose more than their share to switching).
+  below 1 (contention > 1: oversubscribed cores lose more than their share to switching), and
+  with k > c each step also waits switch_s * (k - c) / c for its turn on a core: an engine's step
+  is a hand-off between its processes, each of which, when the core is taken, waits out another
+  engine's time slice, so short steps (small batches) lose the most.
 `Calibration.fit` (flashq/calibration.py) fits those constants to real flashq runs. Output lengths come
 from `sampling.forced_lengths` (the length distribution a user plans for).
 """
@@ -45,13 +48,15 @@ from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest,
 
 
 class _SharedCores:
-    def __init__(self, cores: int, per_engine: float, contention: float):
-        self.cores, self.per_engine, self.contention = cores, per_engine, contention
+    def __init__(self, cores: int, per_engine: float, contention: float, switch_s: float = 0.0):
+        self.cores, self.per_engine, self.contention, self.switch_s = cores, per_engine, contention, switch_s
         self.engines: list[_Engine] = []
 
-    def slowdown(self) -> float:
-        demand = sum(1 for e in self.engines if e.running) * self.per_engine / self.cores
-        return max(1.0, demand) ** self.contention
+    def step(self, alone: float) -> float:
+        """A step that takes `alone` seconds on cores of its own, as the busy engines share them."""
+        busy = sum(1 for e in self.engines if e.running)
+        slowdown = max(1.0, busy * self.per_engine / self.cores) ** self.contention
+        return alone * slowdown + self.switch_s * max(0, busy - self.cores) / self.cores
 
 
 class _Engine:
@@ -100,7 +105,7 @@ class _Engine:
 
     def _decode(self) -> tuple[float, np.ndarray]:
         step, tokens = self.cal.decode(self.accept, self.kv)
-        return (step * self.shared.slowdown() if self.shared else step), tokens
+        return (self.shared.step(step) if self.shared else step), tokens
 
     def _batch_changed(self) -> None:
         self._next = None
@@ -203,7 +208,7 @@ class Simulation:
         self.orch = Orchestrator(cfg, Prompts(), lambda t: np.full(prompt_tokens, int(t["id"]) % 30000 + 1, np.int32) + np.arange(prompt_tokens, dtype=np.int32),
                                  workers, ["reward-0"], clock=lambda: self.now)
         cores = rollout_cores or len(cfg.placement.rollout)
-        shared = _SharedCores(cores, cal.engine_cores, cal.contention) if cores else None
+        shared = _SharedCores(cores, cal.engine_cores, cal.contention, cal.switch_s) if cores else None
         batch = min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker)
         self.engines = {w: _Engine(w, cal, batch, shared, self._finished_siblings) for w in workers}
         self.events: list = []

@@ -134,6 +134,18 @@ def test_oversubscribed_cores_lose_more_than_their_share_with_contention_above_o
     assert run(1, 1.5) == run(1, 1.0)  # one engine on its core: nothing is oversubscribed
 
 
+def test_engines_sharing_a_core_wait_for_it_each_step_and_short_steps_lose_the_most():
+    def slowdown(switch_s, batch):
+        def run(workers):
+            return simulate("async_ratio=0", "placement.rollout=[0]", f"rollout.num_workers={workers}",
+                            f"rollout.max_num_seqs={batch}", f"rollout.max_inflight_per_worker={batch}",
+                            cal=Calibration(engine_cores=1.0, contention=1.0, switch_s=switch_s)).run()["seconds"]
+        return run(2) / run(1)
+
+    small, large = slowdown(2e-3, 4) / slowdown(0.0, 4), slowdown(2e-3, 64) / slowdown(0.0, 64)
+    assert small > large > 1  # the wait slows two engines on one core, and short steps the most
+
+
 def test_engine_rates_count_tokens_over_busy_time_inside_the_steady_window(tmp_path):
     """Between the first and last trainer step (t = 10 .. 30): worker a is busy 10-20 (two
     overlapping responses, counted once) and generates 100 + 50 tokens there; worker b's response
