@@ -26,7 +26,8 @@ import numpy as np
 
 @dataclass
 class Calibration:
-    """Defaults: the tiny model's flashq runs on this 2-core CPU, as `python bench/sim.py` fits them."""
+    """Defaults: the tiny model's flashq runs on a 2-core CPU with spinning engines, as `python
+    bench/sim.py` fitted them at e7f1378; napping engines (the CPU default) fit worse (README)."""
 
     step_s: float = 2.08e-3  # decode step of one engine at full speed, fixed part
     step_s_per_seq: float = 4.6e-5  # added per running request
