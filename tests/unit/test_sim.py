@@ -162,6 +162,27 @@ def test_engine_rates_count_tokens_over_busy_time_inside_the_steady_window(tmp_p
     assert measured_engine_rates(tmp_path) == pytest.approx({"a": 150 / 10, "b": 200 / 10})
 
 
+def test_runs_of_one_configuration_are_its_repeats_and_measured_by_their_mean(tmp_path):
+    """a1 and a2 differ only in their log section (their run dirs): repeats, whose step times
+    (2 s, 3 s) and engine rates (50, 100 tokens per busy second) are averaged; b is its own."""
+    from flashq.calibration import configurations, measured_mean
+    from flashq.config import dump_config
+
+    for name, alpha, step_s, tokens, busy in (("a1", 0, 2.0, 100, 2.0), ("b", 2, 1.0, 0, 0.0), ("a2", 0, 3.0, 400, 4.0)):
+        run = tmp_path / name
+        run.mkdir()
+        dump_config(load_config(None, [*LONGTAIL, f"async_ratio={alpha}", f"log.run_dir={run}"]), run / "config.yaml")
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"kind": "step", "step": i, "time/since_generation_s": step_s * i}) + "\n" for i in (1, 2, 3)))
+        if tokens:  # one response, from the first trainer step on
+            trace = {"worker": "rollout-0", "sent": step_s, "finished": step_s + busy, "tokens": tokens}
+            (run / "requests.jsonl").write_text(json.dumps(trace) + "\n")
+    groups = configurations([tmp_path / "a1", tmp_path / "b", tmp_path / "a2"])
+    assert groups == [[tmp_path / "a1", tmp_path / "a2"], [tmp_path / "b"]]
+    assert measured_mean(groups[0]) == (pytest.approx(2.5), pytest.approx({"rollout-0": 75.0}))
+    assert measured_mean(groups[1]) == (pytest.approx(1.0), {})
+
+
 @pytest.mark.parametrize("text, message", [
     ("{not json", "calibration"),
     ("[1, 2]", "expected a JSON object"),
