@@ -2,14 +2,16 @@
 
 Part 1, real runs: launches real flashq runs (vLLM engines, trainer, weight sync) on this machine
 in nine configurations that differ in async ratio, rollout workers, engine batch and scheduler,
-fits the simulator's constants on five of them (flashq/calibration.py: their step times and, from
-their request traces, each engine's tokens per busy second), then simulates every run from its own
-resolved config and compares predicted with measured seconds per trainer step; four are held out.
+each repeated (`--repeats`: on this host a configuration's step time moved by up to 54% from one
+repeat to the next), fits the simulator's constants on five of them (flashq/calibration.py: their
+mean step times and, from their request traces, each engine's tokens per busy second), then
+simulates every configuration from its resolved config and compares predicted with measured
+seconds per trainer step, the mean of its repeats; four are held out.
 Part 2, papers: bench/paper_sims.py simulates the workloads the papers publish (Seer Table 3,
 ROLL Flash, RhymeRL) and compares with their headline ratios.
 
-    python bench/sim.py                         # writes bench/results/sim.json (about 30 minutes)
-    python bench/sim.py --runs runs/simbench    # keep the runs; --reuse skips runs already there
+    python bench/sim.py                         # writes bench/results/sim.json (about 80 minutes)
+    python bench/sim.py --runs runs/simbench    # keep the runs (R/NAME/repI); --reuse skips runs already there
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.metrics import read_metrics  # noqa: E402
-from flashq.calibration import Calibration, measured_engine_rates, measured_step_s, simulated_step_s  # noqa: E402
+from flashq.calibration import Calibration, measured_mean, measured_step_s, simulated_step_s  # noqa: E402
 from flashq.sim import Simulation  # noqa: E402
 
 ASYNC = ROOT / "bench" / "configs" / "longtail.yaml"  # 2 workers sharing one core, engine batch up to 256
@@ -63,14 +67,15 @@ def launch(name: str, config: Path, overrides: list[str], run_dir: Path, reuse: 
         raise RuntimeError(f"{name} failed:\n{proc.stdout[-3000:]}")
 
 
-def measured(run: Path) -> dict:
+def tokens_per_s(run: Path) -> float:
     last = read_metrics(run / "metrics.jsonl")[-1]
-    return {"step_s": measured_step_s(run), "tokens_per_s": last["rollout/tokens_total"] / last["time/since_generation_s"]}
+    return last["rollout/tokens_total"] / last["time/since_generation_s"]
 
 
-def engine_rates(run: Path, sim: dict) -> dict:
-    """Each engine's output tokens per busy second, measured (request trace) and predicted."""
-    real = measured_engine_rates(run)
+def engine_rates(repeats: list[Path], sim: dict) -> dict:
+    """Each engine's output tokens per busy second, measured (request traces, mean over the
+    repeats) and predicted."""
+    real = measured_mean(repeats)[1]
     predicted = {w: e["tokens"] / e["busy_s"] for w, e in sim["engines"].items() if e["busy_s"] > 0}
     return {"measured_engine_tokens_per_busy_s": real, "predicted_engine_tokens_per_busy_s": predicted,
             "engine_rate_max_abs_error": max((abs(predicted[w] / v - 1) for w, v in real.items()), default=float("nan"))}
@@ -80,30 +85,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=Path, help="keep the real runs here (default: a temporary directory)")
     ap.add_argument("--reuse", action="store_true", help="use runs already under --runs instead of launching them")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration (default 3)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="flashq-simbench-") as tmp:
         root = args.runs or Path(tmp)
-        for name, config, overrides in REAL_RUNS:
-            launch(name, config, overrides, root / name, args.reuse)
-        cal = Calibration.fit([root / name for name in CALIBRATE_ON])
+        repeats = {name: [root / name / f"rep{i}" for i in range(args.repeats)] for name, _, _ in REAL_RUNS}
+        for i in range(args.repeats):  # repeat by repeat, so that a slow spell of the host hits every configuration
+            for name, config, overrides in REAL_RUNS:
+                launch(name, config, overrides, repeats[name][i], args.reuse)
+        cal = Calibration.fit([run for name in CALIBRATE_ON for run in repeats[name]])
         print(f"calibration: {cal}", flush=True)
         rows = []
         for name, _, _ in REAL_RUNS:
-            cfg = load_config(root / name / "config.yaml")
-            real, sim = measured(root / name), Simulation(cfg, cal).run()
-            pred = simulated_step_s(sim)
+            cfg = load_config(repeats[name][0] / "config.yaml")
+            steps, sim = [measured_step_s(r) for r in repeats[name]], Simulation(cfg, cal).run()
+            real, pred = float(np.mean(steps)), simulated_step_s(sim)
             rows.append({"run": name, "calibration_run": name in CALIBRATE_ON, "async_ratio": cfg.async_ratio,
                          "workers": cfg.rollout.num_workers, "scheduler": cfg.rollout.scheduler,
                          "engine_batch": min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker),
-                         "measured_step_s": real["step_s"], "predicted_step_s": pred, "rel_error": pred / real["step_s"] - 1,
-                         "measured_tokens_per_s": real["tokens_per_s"], "predicted_tokens_per_s": sim["tokens_per_s"],
-                         **engine_rates(root / name, sim)})
+                         "measured_step_s": real, "measured_step_s_repeats": steps, "repeat_spread": max(steps) / min(steps) - 1,
+                         "predicted_step_s": pred, "rel_error": pred / real - 1,
+                         "max_abs_error_vs_a_repeat": max(abs(pred / s - 1) for s in steps),
+                         "measured_tokens_per_s": float(np.mean([tokens_per_s(r) for r in repeats[name]])),
+                         "predicted_tokens_per_s": sim["tokens_per_s"], **engine_rates(repeats[name], sim)})
     print_table(
         "flashq sim vs real runs on this machine (seconds per trainer step)",
         rows,
-        [("run", "run", ""), ("calibration_run", "fitted on", ""), ("measured_step_s", "measured s", ".3f"),
-         ("predicted_step_s", "predicted s", ".3f"), ("rel_error", "error", "+.1%"),
+        [("run", "run", ""), ("calibration_run", "fitted on", ""), ("measured_step_s", "measured s (mean)", ".3f"),
+         ("repeat_spread", "repeats' spread", ".0%"), ("predicted_step_s", "predicted s", ".3f"), ("rel_error", "error", "+.1%"),
          ("measured_tokens_per_s", "measured tok/s", ",.0f"), ("predicted_tokens_per_s", "predicted tok/s", ",.0f"),
          ("engine_rate_max_abs_error", "engine tok/busy s error", ".1%")],
     )
@@ -120,15 +130,21 @@ def main() -> None:
     figures = {
         "max_abs_error_vs_real_runs": max(abs(r["rel_error"]) for r in rows),
         "max_abs_error_held_out_runs": max(abs(r["rel_error"]) for r in held_out),
+        "max_abs_error_vs_a_single_repeat": max(r["max_abs_error_vs_a_repeat"] for r in rows),
+        "max_repeat_spread": max(r["repeat_spread"] for r in rows),
         "real_configurations": len(rows),
+        "repeats": args.repeats,
         "max_abs_error_vs_paper_figures": max(abs(r["rel_error"]) for r in papers),
         "paper_figures": len(papers),
     }
     path = write_result("sim", {"calibration": cal.__dict__, "real_runs": rows, "paper_fit": fit.__dict__,
                                   "paper_figures": papers}, figures,
                         notes="Real runs: relative error of predicted vs measured seconds per trainer step in steady "
-                              "state (first step to last), the simulator fitted on the calibration runs only "
-                              "(calibration_run); engine_rate_max_abs_error: the worst engine's tokens per busy second. "
+                              "state (first step to last), measured as the mean of each configuration's repeats "
+                              "(repeat_spread: slowest repeat over fastest, less 1; max_abs_error_vs_a_single_repeat: "
+                              "the prediction against the repeat farthest from it), the simulator fitted on the "
+                              "calibration runs only (calibration_run); engine_rate_max_abs_error: the worst engine's "
+                              "tokens per busy second. "
                               "Every run pins the engines to core 0 and the other roles to core 1. Left unpinned "
                               "(engines on cores 0-1, the rest floating), one engine ran at 2,100-2,300 tokens per busy "
                               "second but two engines at 570-980 each, a loss to OS contention the simulator does not "
