@@ -72,10 +72,12 @@ def audit(run_dir, group_size: int):
 
 
 def test_killed_workers_are_restarted_and_their_work_requeued(tmp_path):
-    run = Run(tmp_path, ["async_ratio=1", "trainer.steps=300", "reward.num_workers=2", "fault.worker_timeout_s=20"])
+    # long enough to outlast a restart: a rollout worker's engine takes 20-40 s to start, and 300
+    # steps (about 25 s here) once finished before the restarted rollout-1 served (CI, host busy)
+    run = Run(tmp_path, ["async_ratio=1", "trainer.steps=1200", "reward.num_workers=2", "fault.worker_timeout_s=20"])
     run.wait_steps(3)
     # both at once, early: killed one after the other, the reward worker's restart once raced the
-    # end of the run (it finished its 300 steps before "reward-1 rejoined" was printed)
+    # end of the run (it finished before "reward-1 rejoined" was printed)
     os.kill(run.pid("rollout-1"), signal.SIGKILL)
     os.kill(run.pid("reward-1"), signal.SIGKILL)
     run.wait_for("reward-1 rejoined")
@@ -85,7 +87,7 @@ def test_killed_workers_are_restarted_and_their_work_requeued(tmp_path):
     ledger = audit(tmp_path, group_size=4)
     lost = [f["peer"] for f in read_jsonl(tmp_path / "faults.jsonl") if f["event"] == "lost"]
     assert sorted(lost) == ["reward-1", "rollout-1"]
-    assert ledger["trained_steps"] == 300 and ledger["finished"]
+    assert ledger["trained_steps"] == 1200 and ledger["finished"]
     assert ledger["workers_lost"] == {"rollout-1": 1, "reward-1": 1}
     restarts = read_jsonl(tmp_path / "restarts.jsonl")
     assert sorted(r["role"] for r in restarts) == ["reward-1", "rollout-1"] and all(r["status"] == -9 for r in restarts)
