@@ -17,13 +17,18 @@ here, the same for every workload, never chosen per compared figure:
 - an instance with data-parallel attention (Kimi-K2: DP32/EP32) is that many engines, each with
   its own requests and one GPU's KV cache; their lockstep (a step waits for the slowest rank) is
   not modelled;
-- the engine's KV cache holds 90% of 80 GB per GPU less the weights; vLLM admits a request while
-  its context fits and preempts the newest when the cache is full, with max_num_seqs at vLLM's
-  default for 80 GB GPUs; prefill costs 2 x active parameters FLOPs per token at 400 TFLOP/s;
+- vLLM gets half of each GPU's 80 GB, veRL's default `gpu_memory_utilization` (0.5, in verl's
+  rollout config): Seer and RhymeRL compare synchronous systems whose rollout shares the GPUs
+  with training, and ROLL Flash's sync and async runs are given the same engines; its KV cache
+  holds that less the weights. vLLM admits a request while its context fits and preempts the
+  newest when the cache is full, with max_num_seqs at vLLM's default for 80 GB GPUs; prefill
+  costs 2 x active parameters FLOPs per token at 400 TFLOP/s;
 - fitted once on Moonlight's published veRL baseline (rollout 3910 s, 1817 s of it tail): the
   output-length spread (`Fit.sigma`, the grid value whose veRL tail share is closest: under KV
-  admission that share peaks near sigma 0.8, below the published 0.46, so it is not monotonic
-  and cannot be bisected) and the per-request part of a step (`Fit.load_ratio`); a verified
+  admission that share peaks below the published 0.46, so it is not monotonic and cannot be
+  bisected) and the per-request part of a step beyond the weights' and KV cache's reads
+  (`Fit.load_ratio`: 0.23 of a weight read spread over a full batch; with vLLM given 90% of the
+  GPU it took 5.1, as the larger cache then ran Moonlight far faster than measured); a verified
   draft token's cost (`Fit.verify_share` of a request's decode cost) is fitted on Moonlight's
   published gain from grouped speculation (Table 4: 1.47x -> 1.90x). The compared figures are
   not fitted;
@@ -47,7 +52,8 @@ from flashq.config import load_config
 from flashq.calibration import Calibration
 from flashq.sim import Simulation
 
-HBM_BYTES_PER_S, GPU_BYTES, USABLE, FLOPS = 3.35e12, 80e9, 0.9, 4e14
+HBM_BYTES_PER_S, GPU_BYTES, FLOPS = 3.35e12, 80e9, 4e14
+VLLM_MEMORY_SHARE = 0.5  # veRL's default gpu_memory_utilization: rollout shares the GPUs with training
 DEEPEP_EP32_LAYER_S = 155e-6 + 273e-6  # DeepEP README: low-latency dispatch + combine at EP32, H800
 GROUP_SHARE = 0.5
 PROMPT_TOKENS = 512
@@ -117,7 +123,7 @@ class Workload:
     @property
     def kv_tokens(self) -> float:
         """Tokens of context one engine's KV cache holds."""
-        return self.gpus_per_engine * (USABLE * GPU_BYTES - self.weight_bytes / self.gpus_per_instance) / self.kv_bytes_per_token
+        return self.gpus_per_engine * (VLLM_MEMORY_SHARE * GPU_BYTES - self.weight_bytes / self.gpus_per_instance) / self.kv_bytes_per_token
 
     @property
     def engine_batch(self) -> int:
