@@ -10,7 +10,7 @@ seconds per trainer step, the mean of its repeats; four are held out.
 Part 2, papers: bench/paper_sims.py simulates the workloads the papers publish (Seer Table 3,
 ROLL Flash, RhymeRL) and compares with their headline ratios.
 
-    python bench/sim.py                         # writes bench/results/sim.json (about 80 minutes)
+    python bench/sim.py                         # writes bench/results/sim.json (about 90 minutes)
     python bench/sim.py --runs runs/simbench    # keep the runs (R/NAME/repI); --reuse skips runs already there
 """
 

@@ -32,18 +32,18 @@ class Calibration:
     """Defaults: the tiny model's flashq runs on a 2-core CPU with napping engines (the CPU
     default), nine configurations repeated three times, as `python bench/sim.py` fitted them."""
 
-    step_s: float = 9.3e-4  # decode step of one engine at full speed, fixed part
-    step_s_per_seq: float = 9.9e-5  # added per running request
+    step_s: float = 1.8e-3  # decode step of one engine at full speed, fixed part
+    step_s_per_seq: float = 1.8e-4  # added per running request
     step_s_per_kv_token: float = 0.0  # added per token held in the KV cache (attention reads it every step)
     prefill_s_per_token: float = 2e-5
-    train_s: float = 0.56
-    train_s_per_token: float = 7.4e-5
-    weight_sync_s: float = 0.065
+    train_s: float = 0.76
+    train_s_per_token: float = 9.2e-5
+    weight_sync_s: float = 0.082
     reward_s: float = 0.002
-    dispatch_s: float = 0.020  # from a freed slot to the next request's admission: per-request overhead
-    engine_cores: float = 1.72  # CPU cores one engine keeps busy at full speed (its engine and worker processes)
-    contention: float = 0.93  # exponent on the slowdown of oversubscribed cores
-    switch_s: float = 4.5e-3  # per step, waiting for a core another engine holds (per engine beyond the cores)
+    dispatch_s: float = 0.012  # from a freed slot to the next request's admission: per-request overhead
+    engine_cores: float = 1.35  # CPU cores one engine keeps busy at full speed (its engine and worker processes)
+    contention: float = 1.46  # exponent on the slowdown of oversubscribed cores
+    switch_s: float = 2.3e-4  # per step, waiting for a core another engine holds (per engine beyond the cores)
     kv_tokens: float = 0.0  # tokens one engine's KV cache holds (0: unlimited); full, it preempts
     spec_accept: float = 0.0  # per-draft-token acceptance probability; 0: no speculation
     # grouped drafts: acceptance for a request whose group has n finished responses to draft from
