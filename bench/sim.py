@@ -72,10 +72,9 @@ def tokens_per_s(run: Path) -> float:
     return last["rollout/tokens_total"] / last["time/since_generation_s"]
 
 
-def engine_rates(repeats: list[Path], sim: dict) -> dict:
+def engine_rates(real: dict[str, float], sim: dict) -> dict:
     """Each engine's output tokens per busy second, measured (request traces, mean over the
     repeats) and predicted."""
-    real = measured_mean(repeats)[1]
     predicted = {w: e["tokens"] / e["busy_s"] for w, e in sim["engines"].items() if e["busy_s"] > 0}
     return {"measured_engine_tokens_per_busy_s": real, "predicted_engine_tokens_per_busy_s": predicted,
             "engine_rate_max_abs_error": max((abs(predicted[w] / v - 1) for w, v in real.items()), default=float("nan"))}
@@ -99,8 +98,9 @@ def main() -> None:
         rows = []
         for name, _, _ in REAL_RUNS:
             cfg = load_config(repeats[name][0] / "config.yaml")
-            steps, sim = [measured_step_s(r) for r in repeats[name]], Simulation(cfg, cal).run()
-            real, pred = float(np.mean(steps)), simulated_step_s(sim)
+            steps, (real, rates) = [measured_step_s(r) for r in repeats[name]], measured_mean(repeats[name])
+            sim = Simulation(cfg, cal).run()
+            pred = simulated_step_s(sim)
             rows.append({"run": name, "calibration_run": name in CALIBRATE_ON, "async_ratio": cfg.async_ratio,
                          "workers": cfg.rollout.num_workers, "scheduler": cfg.rollout.scheduler,
                          "engine_batch": min(cfg.rollout.max_num_seqs, cfg.rollout.max_inflight_per_worker),
@@ -108,7 +108,7 @@ def main() -> None:
                          "predicted_step_s": pred, "rel_error": pred / real - 1,
                          "max_abs_error_vs_a_repeat": max(abs(pred / s - 1) for s in steps),
                          "measured_tokens_per_s": float(np.mean([tokens_per_s(r) for r in repeats[name]])),
-                         "predicted_tokens_per_s": sim["tokens_per_s"], **engine_rates(repeats[name], sim)})
+                         "predicted_tokens_per_s": sim["tokens_per_s"], **engine_rates(rates, sim)})
     print_table(
         "flashq sim vs real runs on this machine (seconds per trainer step)",
         rows,
