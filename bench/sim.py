@@ -86,6 +86,8 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="use runs already under --runs instead of launching them")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration (default 3)")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
 
     with tempfile.TemporaryDirectory(prefix="flashq-simbench-") as tmp:
         root = args.runs or Path(tmp)
