@@ -30,7 +30,9 @@ class ConfigError(ValueError):
 class ModelConfig(Section):
     name: str = Field("tiny", description='"tiny" builds the offline model; otherwise an HF name or local path.')
     tiny: TinyModelSpec = TinyModelSpec()
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="What the vLLM engines serve; weight pushes cast to it. The trainer's: trainer.param_dtype and compute_dtype."
+    )
     cache_dir: Path = Field(Path(".cache/flashq"), description="Where the tiny model is built once and reused.")
 
 
@@ -112,7 +114,10 @@ class SamplingConfig(Section):
     group_size: int = Field(8, ge=1, description="Samples per prompt (n); each is its own request.")
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(
+        1.0, gt=0, le=1,
+        description="Below 1 is refused: vLLM reports logprobs of the truncated distribution, which the trainer does not reproduce.",
+    )
     forced_lengths: ForcedLengths | None = None
     seed_requests: bool = Field(
         False,
@@ -191,8 +196,10 @@ class LossConfig(Section):
     advantage: Literal["grpo", "drgrpo", "rloo"] = Field("grpo", description="drgrpo: centred rewards, no std.")
     normalize_std: bool = Field(True, description="grpo only: divide by the group's reward std.")
     policy: Literal["ppo", "reinforce", "cispo", "topr"] = "ppo"
-    correction: Literal["none", "tis_token", "tis_sequence"] = Field(
-        "tis_token", description="Truncated IS weight pi_prox/pi_behav for stale samples (ppo + tis_token = decoupled PPO)."
+    correction: Literal["none", "tis_token", "tis_sequence"] | None = Field(
+        None,
+        description="Truncated IS weight pi_prox/pi_behav for stale samples (ppo + tis_token = decoupled PPO). Unset: "
+        "tis_token for ppo and reinforce, none for cispo and topr (they weight by pi_theta/pi_behav themselves).",
     )
     is_cap: float = Field(2.0, gt=0, description="Truncation of the behaviour IS weight.")
     clip_eps_low: float = Field(0.2, gt=0, le=1)
@@ -200,6 +207,18 @@ class LossConfig(Section):
     dual_clip: float | None = Field(None, gt=1, description="ppo: lower bound c*A on the objective for A < 0.")
     aggregation: Literal["token_mean", "sequence_mean", "token_sum_norm"] = "token_mean"
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model; > 0 loads a frozen reference copy.")
+
+    @model_validator(mode="after")
+    def _one_behaviour_weight(self) -> LossConfig:
+        own = self.policy in ("cispo", "topr")
+        if self.correction is None:
+            self.correction = "none" if own else "tis_token"
+        elif own and self.correction != "none":
+            raise ValueError(
+                f"policy {self.policy} already weights each token by pi_theta/pi_behav; correction "
+                f"{self.correction} would apply a behaviour weight twice (use correction: none)"
+            )
+        return self
 
 
 class TrainerConfig(Section):
@@ -214,11 +233,27 @@ class TrainerConfig(Section):
     dist_backend: Literal["auto", "nccl", "gloo"] = Field("auto", description='Between trainer ranks; "auto": nccl with CUDA, gloo otherwise.')
     dist_timeout_s: float = Field(3600.0, gt=0, description="Longest a rank waits in a collective (e.g. for the next batch).")
     micro_batch_tokens: int = Field(16384, ge=64, description="Padded tokens per forward/backward chunk.")
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Master weights and optimizer state. bfloat16 loses small updates (lr 1e-6 on |w| 0.02 rounds away)."
+    )
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Forward and backward: FSDP2's mixed precision when sharded, autocast on one device."
+    )
+    logprob_chunk_tokens: int = Field(
+        1024, ge=1, description="Response positions projected onto the vocabulary at once (float32 logits for this many rows only)."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward instead of keeping its activations.")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
     keep_checkpoints: int = Field(2, ge=1)
     loss: LossConfig = LossConfig()
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _precision(self) -> TrainerConfig:
+        if self.param_dtype == "bfloat16" and self.compute_dtype == "float32":
+            raise ValueError("trainer.compute_dtype float32 with param_dtype bfloat16 computes above the weights' precision")
+        return self
 
 
 class WeightSyncConfig(Section):
@@ -352,6 +387,11 @@ class FlashqConfig(Section):
                 f"sampling.max_tokens ({self.sampling.max_tokens}) must be below rollout.max_model_len "
                 f"({self.rollout.max_model_len}) to leave room for the prompt"
             )
+        if self.sampling.top_p < 1:
+            raise ValueError(
+                f"sampling.top_p is {self.sampling.top_p}: vLLM would report logprobs of the top-p truncated "
+                "distribution, which the trainer does not reproduce, so importance weights would be biased; use top_p 1"
+            )
         fl = self.sampling.forced_lengths
         if self.rollout.scheduler == "oracle" and fl is None:
             raise ValueError("rollout.scheduler 'oracle' needs sampling.forced_lengths (it must know every length)")
@@ -394,7 +434,7 @@ ROLE_SECTIONS = {
     "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "env", "trainer", "rollout", "reward", "transport", "log", "fault", "resume_from"],
     "rollout": ["name", "seed", "model", "env", "rollout", "weight_sync", "transport", "log"],
     "reward": ["name", "model", "reward", "transport", "log"],
-    "trainer": ["name", "seed", "async_ratio", "model", "sampling", "trainer", "weight_sync", "transport", "log", "fault", "resume_from"],
+    "trainer": ["name", "seed", "async_ratio", "model", "sampling", "env", "trainer", "weight_sync", "transport", "log", "fault", "resume_from"],
 }
 
 

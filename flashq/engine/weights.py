@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 import torch
+from vllm.distributed.weight_transfer.base import ModuleSource, ParamMeta
 
 from flashq.config import WeightSyncConfig
 
@@ -41,6 +42,25 @@ class CoordinatorSyncClient:
         self.rpc("finish_weight_update", None, self.version)
 
 
+class CastSource(ModuleSource):
+    """The model's parameters as the engines serve them: floating-point ones cast to `dtype` on
+    the way out (float32 masters pushed to bfloat16 engines send half the bytes)."""
+
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype):
+        super().__init__(module)
+        self.dtype = dtype
+
+    def _wire(self, dtype: torch.dtype) -> torch.dtype:
+        return self.dtype if dtype.is_floating_point else dtype
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(m.name, self._wire(m.dtype), m.shape) for m in super().metadata()]
+
+    def __iter__(self):
+        for name, tensor in super().__iter__():
+            yield name, tensor.to(self._wire(tensor.dtype))
+
+
 def choose_backend(cfg: WeightSyncConfig, device: torch.device) -> str:
     if cfg.backend != "auto":
         return cfg.backend
@@ -52,16 +72,17 @@ class WeightPusher:
 
     def __init__(
         self, cfg: WeightSyncConfig, model: torch.nn.Module, rpc: Rpc | None, inference_world_size: int, port: int,
-        device: torch.device, rank: int = 0,
+        device: torch.device, rank: int = 0, wire_dtype: torch.dtype | None = None,
     ):
         """`rank` > 0: a trainer rank that only joins the gathers of sharded parameters; rank 0
-        sends and drives the inference side through `rpc`."""
-        from vllm.distributed.weight_transfer.base import ModuleSource
+        sends and drives the inference side through `rpc`. `wire_dtype`: the engines' dtype,
+        which floating-point weights are cast to before they are sent."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from flashq.engine.gloo_transfer import GlooTrainerInitInfo, register
 
         self.client = CoordinatorSyncClient(rpc)
+        source = CastSource(model, wire_dtype) if wire_dtype is not None else ModuleSource(model)
         self.backend = choose_backend(cfg, device)
         world_size = 1 + inference_world_size
         if self.backend == "gloo":
@@ -79,7 +100,7 @@ class WeightPusher:
             )
         else:
             raise ValueError(f"unknown weight_sync.backend {self.backend!r}")
-        self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=ModuleSource(model))
+        self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=source)
 
     def push(self, version: int) -> float:
         """Send the current weights labelled `version`; returns seconds taken."""

@@ -150,7 +150,8 @@ class TrainerRole:
 
         ws = self.cfg.weight_sync
         return await self.loop.run_in_executor(
-            self.pool, lambda: WeightPusher(ws, learner.model, self._rpc, inference_world_size, self.port, learner.device)
+            self.pool,
+            lambda: WeightPusher(ws, learner.model, self._rpc, inference_world_size, self.port, learner.device, wire_dtype=engine_dtype(self.cfg)),
         )
 
     async def _rebuild(self, learner) -> None:
@@ -174,7 +175,7 @@ class TrainerRole:
         from flashq.engine.weights import WeightPusher
 
         ws = self.cfg.weight_sync
-        pusher = WeightPusher(ws, learner.model, None, 0, 0, learner.device, rank=learner.ranks.rank)
+        pusher = WeightPusher(ws, learner.model, None, 0, 0, learner.device, rank=learner.ranks.rank, wire_dtype=engine_dtype(self.cfg))
         if learner.version > 0:
             pusher.push(learner.version)
         while (batch := broadcast_batch(None, learner.ranks)) is not None:
@@ -221,6 +222,12 @@ class TrainerRole:
                 self.shutdown.set()
             elif not isinstance(msg, Heartbeat):
                 log.warning("trainer: ignoring unexpected %s", type(msg).__name__)
+
+
+def engine_dtype(cfg: FlashqConfig):
+    from flashq.trainer.learner import DTYPES
+
+    return DTYPES[cfg.model.dtype]
 
 
 def open_trained_record(path: Path, version: int):

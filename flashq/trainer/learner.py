@@ -20,6 +20,7 @@ from flashq.algos.losses import Normalizer, policy_loss
 from flashq.config import FlashqConfig
 from flashq.protocol import TrainBatch
 from flashq.trainer import parallel
+from flashq.trainer.logprobs import install_logprob_head, token_logprobs
 
 
 def pick_device(requested: str) -> torch.device:
@@ -30,12 +31,7 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logp[i, t] = log pi(input_ids[i, t+1] | input_ids[i, :t+1]), shape [B, T-1]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -55,6 +51,22 @@ def load_causal_lm(path, dtype: torch.dtype, device: torch.device):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
 
 
+def stop_token_ids(path) -> list[int]:
+    """The ids vLLM's `min_tokens` masks: the tokenizer's EOS and the generation config's."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    ids = set()
+    eos = AutoTokenizer.from_pretrained(str(path)).eos_token_id
+    if eos is not None:
+        ids.add(int(eos))
+    try:
+        gen = GenerationConfig.from_pretrained(str(path)).eos_token_id
+    except OSError:  # no generation_config.json
+        gen = None
+    ids.update([gen] if isinstance(gen, int) else gen or [])
+    return sorted(ids)
+
+
 class Learner:
     def __init__(self, cfg: FlashqConfig, model_path: Path | str, reference_path: Path | str | None = None):
         """`reference_path`: the KL reference when it is not `model_path` (a resumed run keeps
@@ -69,19 +81,46 @@ class Learner:
         else:
             torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
-        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
-        self.model = load_causal_lm(model_path, self.dtype, self.device)
+        # float32 masters and optimizer state; the forward and backward run in compute_dtype
+        # (FSDP2's mixed-precision policy when sharded, autocast on one device)
+        self.param_dtype, self.compute_dtype = DTYPES[tc.param_dtype], DTYPES[tc.compute_dtype]
+        self.model = self._policy_model(model_path)
         self.model.train()
+        if tc.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = None
         if tc.loss.kl_coef > 0:
-            self.reference = load_causal_lm(reference_path or model_path, self.dtype, self.device).eval().requires_grad_(False)
+            self.reference = self._policy_model(reference_path or model_path).eval().requires_grad_(False)
         if self.ranks.sharded:  # before the optimizer, which must hold the sharded parameters
-            parallel.shard_model(self.model)
+            mp = (self.compute_dtype, self.param_dtype) if self.compute_dtype != self.param_dtype else None
+            parallel.shard_model(self.model, mp)
             if self.reference is not None:
-                parallel.shard_model(self.reference)
+                parallel.shard_model(self.reference, mp)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.version = 0
         self.temperature = cfg.sampling.temperature or 1.0
+        # forced lengths set min_tokens: vLLM masks the stop tokens before its logprobs, and so must we
+        self.banned = None
+        if cfg.sampling.forced_lengths is not None:
+            self.banned = torch.tensor(stop_token_ids(model_path), dtype=torch.long, device=self.device)
+        # Dr. GRPO's constant: the most tokens one sample can train (an episode has several turns)
+        self.max_sample_tokens = cfg.sampling.max_tokens * (cfg.env.max_turns if cfg.env is not None else 1)
+
+    def _policy_model(self, path):
+        model = load_causal_lm(path, self.param_dtype, self.device)
+        install_logprob_head(model, self.cfg.trainer.logprob_chunk_tokens)
+        return model
+
+    def _autocast(self):
+        """Autocast on one device when computing below the masters' precision; FSDP2's policy
+        does the casting on a sharded model."""
+        enabled = self.compute_dtype != self.param_dtype and not self.ranks.sharded
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
+
+    def logprobs(self, model, micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs and entropies of a micro-batch's trained tokens under `model`."""
+        with self._autocast():
+            return token_logprobs(model, micro.ids, micro.attn, self.temperature, micro.mask > 0, self.banned)
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if batch.batch_index != self.version:
@@ -99,9 +138,9 @@ class Learner:
         with torch.no_grad():
             for micro in (m for mb in plan for m in mb):
                 if tc.minibatches > 1:  # later minibatches must see the policy as it was before the update
-                    micro.prox = token_logprobs(self.model, micro.ids, micro.attn, self.temperature)
+                    micro.prox = self.logprobs(self.model, micro)[0]
                 if self.reference is not None:
-                    micro.ref = token_logprobs(self.reference, micro.ids, micro.attn, self.temperature)
+                    micro.ref = self.logprobs(self.reference, micro)[0]
 
         totals: dict[str, float] = {}
         losses, grad_norms = [], []
@@ -112,12 +151,12 @@ class Learner:
             norm = Normalizer(
                 tokens=float(resp_lens[indices].sum()),
                 sequences=float(len(indices)),
-                max_len=float(self.cfg.sampling.max_tokens),
+                max_len=float(self.max_sample_tokens),
             )
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
             for m in mb:
-                logp = token_logprobs(self.model, m.ids, m.attn, self.temperature)
+                logp, entropy = self.logprobs(self.model, m)
                 loss, stats = policy_loss(
                     logp,
                     m.prox if m.prox is not None else logp.detach(),
@@ -139,9 +178,11 @@ class Learner:
                 loss_sum += loss.item()
                 tokens = stats.pop("tokens")
                 if tokens > 0:  # a rank's padding micro-batch has none
+                    stats["entropy"] = float((entropy * m.mask).sum()) / tokens
+                    # token-weighted over the whole batch: the shares of all minibatches add up to 1
                     share = tokens / max(float(resp_lens.sum()), 1.0)
                     for k, v in stats.items():
-                        totals[k] = totals.get(k, 0.0) + v * share / len(plan)
+                        totals[k] = totals.get(k, 0.0) + v * share
             grad_norm = parallel.scalar(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip))
             if not np.isfinite(grad_norm):
                 raise FloatingPointError(f"non-finite gradient norm at version {self.version}; the step was not applied")

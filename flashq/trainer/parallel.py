@@ -53,17 +53,21 @@ def init_distributed(tc: TrainerConfig, device: torch.device) -> Ranks:
     return ranks
 
 
-def shard_model(model: torch.nn.Module) -> None:
+def shard_model(model: torch.nn.Module, mixed_precision: tuple[torch.dtype, torch.dtype] | None = None) -> None:
     """FSDP2: each decoder layer its own unit (its parameters gathered only while it runs), then
-    the root for the embeddings and head."""
-    from torch.distributed.fsdp import fully_shard
+    the root for the embeddings and head. `mixed_precision` = (compute, reduce) dtypes: the
+    sharded float32 masters are gathered in the compute dtype, gradients reduced in the other."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: FSDP sharding expects a Hugging Face decoder with model.layers")
+    kwargs = {}
+    if mixed_precision is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=mixed_precision[0], reduce_dtype=mixed_precision[1])
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
 
 
 def broadcast_batch(batch, ranks: Ranks):

@@ -11,7 +11,7 @@ import torch
 from flashq.config import load_config
 from flashq.protocol import GenerateRequest
 from flashq.roles.common import free_port
-from flashq.trainer.learner import token_logprobs
+from flashq.trainer.logprobs import naive_token_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -60,5 +60,5 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
     prompt = [2, 53, 47, 54, 65]
     ids = torch.tensor(np.concatenate([prompt, after.token_ids])[None].astype(np.int64), device=device)
     with torch.no_grad():
-        trainer_lp = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0, len(prompt) - 1 :].cpu().numpy()
+        trainer_lp = naive_token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0][0, len(prompt) - 1 :].cpu().numpy()
     assert np.max(np.abs(trainer_lp - after.logprobs)) < 1e-3

@@ -8,7 +8,8 @@ from flashq.buffer import Group, pack_batch
 from flashq.config import load_config
 from flashq.staleness import Admission
 from flashq.protocol import RewardResult, Sample
-from flashq.trainer.learner import Learner, token_logprobs
+from flashq.trainer.learner import Learner
+from flashq.trainer.logprobs import token_logprobs
 
 
 def make_batch(learner, rewards, versions=0, batch_index=0, behaviour=None):
@@ -20,7 +21,7 @@ def make_batch(learner, rewards, versions=0, batch_index=0, behaviour=None):
         resp = rng.integers(5, 200, size=3 + k).astype(np.int32)
         ids = torch.tensor(np.concatenate([prompt, resp])[None].astype(np.int64))
         with torch.no_grad():
-            lp = token_logprobs(learner.model, ids, torch.ones_like(ids), 1.0)[0, len(prompt) - 1 :].numpy()
+            lp = token_logprobs(learner.model, ids, torch.ones_like(ids), 1.0)[0][0, len(prompt) - 1 :].numpy()
         if behaviour is not None:
             lp = lp + behaviour
         rid = f"g0/{k}"
