@@ -30,9 +30,13 @@ class _Request:
     banned: torch.Tensor | None  # token ids the sampler masked at every selected position
 
 
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def _chunk(hidden, weight, bias, targets, temperature: float, banned):
-    """(log p of each target, entropy) for one chunk of positions, in float32."""
-    logits = F.linear(hidden, weight, bias).float()
+    """(log p of each target, entropy) for one chunk of positions, in float32 (or float64)."""
+    logits = _at_least_float32(F.linear(hidden, weight, bias))
     if temperature != 1.0:
         logits = logits / temperature
     if banned is not None:
@@ -115,7 +119,7 @@ def token_logprobs(
     banned: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logp[i, t] = log pi(input_ids[i, t+1] | input_ids[i, :t+1]) and the entropy of that
-    distribution, both [B, T-1] float32, computed where `select` ([B, T-1] bool; default: every
+    distribution, both [B, T-1] float32 (float64 for a float64 model), computed where `select` ([B, T-1] bool; default: every
     real token) is true and 0 elsewhere. `model` must carry a `LogprobHead`."""
     head = model.get_output_embeddings()
     if not isinstance(head, LogprobHead):
@@ -127,13 +131,13 @@ def token_logprobs(
     request = _Request(hidden_select, input_ids[:, 1:][select], temperature or 1.0, banned)
     with head.bound(request):
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    zeros = torch.zeros(select.shape, dtype=torch.float32, device=input_ids.device)
+    zeros = torch.zeros(select.shape, dtype=out.dtype, device=input_ids.device)
     return zeros.masked_scatter(select, out[0]), zeros.masked_scatter(select, out[1].detach())
 
 
 def naive_token_logprobs(model, input_ids, attention_mask, temperature: float, banned: torch.Tensor | None = None):
     """The reference: full float32 logits at every position ([B, T-1] logp and entropy)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    logits = _at_least_float32(model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1])
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     if banned is not None:

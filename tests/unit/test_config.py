@@ -23,12 +23,23 @@ def test_defaults_validate_and_overrides_apply():
         ("sampling.max_tokens=4096", "sampling.max_tokens (4096) must be below rollout.max_model_len"),
         ("weight_sync.backend=carrier-pigeon", "weight_sync.backend: Input should be 'auto', 'gloo' or 'nccl'"),
         ("async_ratio", "is not of the form key=value"),
+        ("sampling.top_p=0.9", "sampling.top_p is 0.9: vLLM would report logprobs of the top-p truncated distribution"),
+        ("trainer.loss.policy=cispo trainer.loss.correction=tis_token", "policy cispo already weights each token by pi_theta/pi_behav"),
+        ("trainer.loss.policy=topr trainer.loss.correction=tis_sequence", "correction tis_sequence would apply a behaviour weight twice"),
+        ("trainer.param_dtype=bfloat16", "compute_dtype float32 with param_dtype bfloat16"),
+        ("trainer.compute_dtype=float16", "trainer.compute_dtype: Input should be 'float32' or 'bfloat16'"),
     ],
 )
 def test_bad_values_name_the_field(override, expected):
     with pytest.raises(ConfigError) as err:
-        load_config(None, [override])
+        load_config(None, override.split(" "))
     assert expected in str(err.value)
+
+
+def test_the_behaviour_correction_follows_the_policy_unless_set():
+    assert load_config(None).trainer.loss.correction == "tis_token"
+    assert load_config(None, ["trainer.loss.policy=cispo"]).trainer.loss.correction == "none"
+    assert load_config(None, ["trainer.loss.policy=reinforce", "trainer.loss.correction=tis_sequence"]).trainer.loss.correction == "tis_sequence"
 
 
 def test_bad_yaml_and_missing_file(tmp_path):

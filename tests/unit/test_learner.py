@@ -122,3 +122,55 @@ def test_environment_tokens_are_masked_out_of_the_loss(learner):
     m = learner.train_step(batch)
     lens = np.diff(batch.response_offsets)
     assert m["train/tokens"] == float(lens[1:].sum()) and m["staleness/violations"] == 0
+
+
+def test_bf16_compute_keeps_float32_masters_that_take_lr_sized_steps(tiny_model):
+    """AdamW's first step moves every weight by about lr. In bf16 parameters a 1e-6 step rounds
+    away (spacing ~1e-4 near |w| = 0.02); float32 masters keep it, and their bf16 cast (what the
+    engines are sent) moves wherever the step crosses a rounding boundary."""
+    learner = Learner(load_config(None, ["trainer.compute_dtype=bfloat16", "trainer.lr=1e-6"]), tiny_model)
+    batch = make_batch(learner, [1, 0, 0, 1])
+    seen = set()
+    learner.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    learner.train_step(batch)
+    assert seen == {torch.bfloat16}
+    w = dict(learner.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
+    step = (w.detach() - before["model.layers.0.mlp.down_proj.weight"]).abs()
+    assert w.dtype == torch.float32 and step.median() == pytest.approx(1e-6, rel=0.1)
+    assert all(s["exp_avg"].dtype == torch.float32 for s in learner.optimizer.state.values())
+    served = sum(int((p.detach().bfloat16() != before[n].bfloat16()).sum()) for n, p in learner.model.named_parameters())
+    assert served > 0
+
+
+def test_minibatch_diagnostics_are_token_weighted_over_the_whole_batch(tiny_model):
+    """On-policy, every token's behaviour weight is 1, however many minibatches the batch takes."""
+    learner = Learner(load_config(None, ["trainer.minibatches=2", "trainer.lr=1e-9"]), tiny_model)
+    m = learner.train_step(make_batch(learner, [1, 0, 0, 1]))
+    assert m["loss/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert m["loss/entropy"] > 0
+
+
+def test_token_sum_norm_divides_by_the_longest_episode_not_one_turn(tiny_model):
+    """Dr. GRPO's constant is the most tokens one sample can train: max_tokens per turn times the
+    turns of an episode."""
+    common = ["trainer.loss.aggregation=token_sum_norm", "trainer.loss.policy=reinforce"]
+    single = Learner(load_config(None, common), tiny_model)
+    episodes = Learner(load_config(None, [*common, "env.name=flashq.envs.guess:GuessNumberEnv", "env.max_turns=4"]), tiny_model)
+    batch = make_batch(single, [1, 0, 0, 1])
+    assert episodes.train_step(batch)["loss"] == pytest.approx(single.train_step(batch)["loss"] / 4, rel=1e-5)
+
+
+def test_forced_lengths_mask_the_stop_tokens_as_vllm_min_tokens_does(tiny_model):
+    from transformers import AutoTokenizer
+
+    learner = Learner(load_config(None, ["sampling.forced_lengths.median=8", "sampling.forced_lengths.max=16"]), tiny_model)
+    assert learner.banned.tolist() == [AutoTokenizer.from_pretrained(str(tiny_model)).eos_token_id]
+    batch = make_batch(learner, [1, 0, 0, 1])
+    micro = learner._micro(batch, np.arange(4), torch.zeros(4))
+    with torch.no_grad():
+        masked = learner.logprobs(learner.model, micro)[0]
+        learner.banned = None
+        plain = learner.logprobs(learner.model, micro)[0]
+    on = micro.mask > 0
+    assert torch.all(masked[on] > plain[on])  # the stop token's mass is spread over the rest

@@ -81,3 +81,39 @@ def test_two_fsdp_ranks_train_like_one_process_and_resume(tiny_model, tmp_path):
         torch.testing.assert_close(sharded(tokens).logits, single.model(tokens).logits, rtol=0, atol=1e-4)
     state = torch.load(tmp_path / "step2" / "trainer_state.pt", weights_only=False)
     assert state["version"] == 2 and state["optimizer"]["state"]
+
+
+def _bf16_rank_main(rank, port, model, batch, out):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from flashq.trainer.learner import Learner
+
+    torch.set_num_threads(1)
+    learner = Learner(load_config(None, ["trainer.world_size=2", "trainer.compute_dtype=bfloat16", "trainer.lr=1e-6"]), model)
+    before = {n: p.full_tensor().clone() for n, p in learner.model.named_parameters()}
+    seen = set()
+    learner.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, inp, out: seen.add(str(out.dtype)))
+    metrics = learner.train_step(batch)
+    masters = {n: p.full_tensor() for n, p in learner.model.named_parameters()}
+    moments = [s["exp_avg"] for s in learner.optimizer.state.values()]
+    if rank == 0:
+        changed = {n: float((masters[n] != before[n]).float().mean()) for n in masters}
+        dtypes = sorted({str(t.dtype) for t in [*masters.values(), *[m.to_local() for m in moments]]})
+        (Path(out) / "bf16.json").write_text(json.dumps({"loss": metrics["loss"], "changed": changed, "dtypes": dtypes, "computed": sorted(seen)}))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_compute_in_bf16_and_keep_float32_masters(tiny_model, tmp_path):
+    """FSDP2's MixedPrecisionPolicy: bf16 gathers and compute, float32 shards and Adam state; an
+    lr 1e-6 step moves the masters (it would round away in bf16 parameters)."""
+    from flashq.roles.common import free_port
+    from flashq.trainer.learner import Learner
+
+    single = Learner(load_config(None, ["trainer.lr=1e-6"]), tiny_model)
+    batch = _batches(single)[0]
+    expected = single.train_step(batch)
+    mp.start_processes(_bf16_rank_main, args=(free_port(), tiny_model, batch, str(tmp_path)), nprocs=2, start_method="spawn")
+    got = json.loads((tmp_path / "bf16.json").read_text())
+    assert got["dtypes"] == ["torch.float32"] and got["computed"] == ["torch.bfloat16"]
+    assert got["loss"] == pytest.approx(expected["loss"], rel=0.05, abs=1e-3)
+    assert min(got["changed"].values()) > 0.5  # every tensor's masters moved, nearly every element
