@@ -12,3 +12,8 @@ class FlashqWorkerExtension:
         if getattr(self, "_weight_update_active", False):
             self._weight_update_active = False
             self.weight_transfer_engine.reset_weight_update_target()
+
+    def flashq_parameter(self, name: str) -> tuple[str, list[float]]:
+        """A served parameter's dtype and values (as float32), to check what a push delivered."""
+        param = dict(self.model_runner.model.named_parameters())[name]
+        return str(param.dtype), param.detach().float().cpu().flatten().tolist()
