@@ -174,3 +174,14 @@ def test_forced_lengths_mask_the_stop_tokens_as_vllm_min_tokens_does(tiny_model)
         plain = learner.logprobs(learner.model, micro)[0]
     on = micro.mask > 0
     assert torch.all(masked[on] > plain[on])  # the stop token's mass is spread over the rest
+
+
+def test_gradient_checkpointing_gives_the_same_gradient(tiny_model):
+    plain = Learner(load_config(None), tiny_model)
+    ckpt = Learner(load_config(None, ["trainer.gradient_checkpointing=true"]), tiny_model)
+    assert ckpt.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    batch = make_batch(plain, [1, 0, 0, 1])
+    plain.train_step(batch)
+    ckpt.train_step(batch)
+    for a, b in zip(plain.model.parameters(), ckpt.model.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-7, rtol=1e-5)
