@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 import torch
-from vllm.distributed.weight_transfer.base import ModuleSource, ParamMeta
+from vllm.distributed.weight_transfer.base import ModuleSource, ParamMeta, materialize_full_tensor
 
 from flashq.config import WeightSyncConfig
 
@@ -42,23 +42,39 @@ class CoordinatorSyncClient:
         self.rpc("finish_weight_update", None, self.version)
 
 
-class CastSource(ModuleSource):
-    """The model's parameters as the engines serve them: floating-point ones cast to `dtype` on
-    the way out (float32 masters pushed to bfloat16 engines send half the bytes)."""
+class TrainerSource(ModuleSource):
+    """The trainer's parameters as the engines serve them: floating-point ones cast to `dtype`
+    (float32 masters pushed to bfloat16 engines send half the bytes). On a sharded trainer each
+    parameter is gathered by a collective all ranks join in order; if rank 0's push breaks off
+    (a rollout worker died), `drain` joins the gathers the other ranks still expect."""
 
-    def __init__(self, module: torch.nn.Module, dtype: torch.dtype):
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype | None):
         super().__init__(module)
         self.dtype = dtype
+        self._left = None  # the current pass's parameters not yet gathered
 
     def _wire(self, dtype: torch.dtype) -> torch.dtype:
-        return self.dtype if dtype.is_floating_point else dtype
+        return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
     def metadata(self) -> list[ParamMeta]:
         return [ParamMeta(m.name, self._wire(m.dtype), m.shape) for m in super().metadata()]
 
+    def begin(self) -> None:
+        """Start a push: every parameter is owed a gather until it is sent or drained."""
+        self._left = iter(list(self._module.named_parameters()))
+
     def __iter__(self):
-        for name, tensor in super().__iter__():
+        if self._left is None:
+            self.begin()
+        for name, param in self._left:
+            tensor = materialize_full_tensor(param)
             yield name, tensor.to(self._wire(tensor.dtype))
+        self._left = None
+
+    def drain(self) -> None:
+        for _, param in self._left or ():
+            materialize_full_tensor(param)
+        self._left = None
 
 
 def choose_backend(cfg: WeightSyncConfig, device: torch.device) -> str:
@@ -82,7 +98,7 @@ class WeightPusher:
         from flashq.engine.gloo_transfer import GlooTrainerInitInfo, register
 
         self.client = CoordinatorSyncClient(rpc)
-        source = CastSource(model, wire_dtype) if wire_dtype is not None else ModuleSource(model)
+        self.source = source = TrainerSource(model, wire_dtype)
         self.backend = choose_backend(cfg, device)
         world_size = 1 + inference_world_size
         if self.backend == "gloo":
@@ -106,7 +122,11 @@ class WeightPusher:
         """Send the current weights labelled `version`; returns seconds taken."""
         t0 = time.monotonic()
         self.client.version = version
-        self.engine.send_weights()
+        self.source.begin()
+        try:
+            self.engine.send_weights()
+        finally:
+            self.source.drain()  # a pass that broke off: the other trainer ranks still gather
         return time.monotonic() - t0
 
     def close(self) -> None:

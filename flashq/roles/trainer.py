@@ -7,7 +7,9 @@ When the set of rollout workers changes (`Regroup`: one died or a restarted one 
 transfer group is rebuilt for the new set before the next push; a push that fails because a
 worker died mid-way is retried on the rebuilt group.
 With trainer.world_size > 1 only rank 0 runs this loop; the other ranks follow it
-(`_follow`), taking each batch from rank 0 (`trainer.parallel`).
+(`_follow`): rank 0 names each collective step (train a batch, push, save, stop) before it
+runs it (`trainer.parallel.broadcast_command`), so a push for a regrouped set of engines while
+rank 0 waits for data, or a push retried after a worker died, is joined by every rank in order.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from flashq.checkpoint import step_dir
 from flashq.config import FlashqConfig
 from flashq.protocol import BatchRequest, Heartbeat, Regroup, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
-from flashq.trainer.parallel import broadcast_batch
+from flashq.trainer.parallel import broadcast_command
 from flashq.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.trainer")
@@ -77,7 +79,6 @@ class TrainerRole:
     async def _train(self, learner, start, record) -> None:
         loop = self.loop
         self.pusher = await self._open_pusher(learner, start.inference_world_size)
-        train = (lambda batch: learner.train_step(broadcast_batch(batch, learner.ranks))) if learner.ranks.sharded else learner.train_step
         log.info("weight transfer group ready (%s)", self.pusher.backend)
         if learner.version > 0:  # resumed: the engines start from the base model; give them ours
             sync_s = await self._push(learner)
@@ -89,19 +90,18 @@ class TrainerRole:
             wait_s = time.monotonic() - t_wait
             if step + 1 < self.cfg.trainer.steps:
                 await self.link.send(BatchRequest(credits=1))
-            metrics = await loop.run_in_executor(self.pool, train, batch)
+            metrics = await loop.run_in_executor(self.pool, self._lead, learner, "train", batch)
             sync_s = await self._push(learner)
             metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s})
             record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
             if self._checkpoint_due(learner.version):
                 t0 = time.monotonic()
-                path = step_dir(self.run_dir, learner.version, tmp=True) / "trainer"
-                await loop.run_in_executor(self.pool, learner.save, path, self.base_model)
+                await loop.run_in_executor(self.pool, self._lead, learner, "save", learner.version)
                 metrics.update({"checkpoint": 1.0, "trainer/checkpoint_s": time.monotonic() - t0})
             await self.link.send(StepStats(step=learner.version, metrics=_scalars(metrics)))
             log.debug("step %d: reward %.3f, staleness max %d, sync %.2fs", learner.version, metrics["reward/mean"], metrics["staleness/max"], sync_s)
         if learner.ranks.sharded:
-            await loop.run_in_executor(self.pool, broadcast_batch, None, learner.ranks)  # the followers stop
+            await loop.run_in_executor(self.pool, self._lead, learner, "stop", None)
         try:
             await asyncio.wait_for(self.shutdown.wait(), self.cfg.transport.liveness_timeout_s)
         except asyncio.TimeoutError:
@@ -133,10 +133,10 @@ class TrainerRole:
             try:
                 if self.regroup is not None:
                     await self._rebuild(learner)
-                return await loop.run_in_executor(self.pool, self.pusher.push, learner.version)
+                return await loop.run_in_executor(self.pool, self._lead, learner, "push", learner.version)
             except Exception as e:  # noqa: BLE001 - retried only when the worker set changed
                 tries += 1
-                if not self.cfg.fault.restart_workers or learner.ranks.sharded or tries > 5:
+                if not self.cfg.fault.restart_workers or tries > 5:
                     raise
                 log.warning("weight push %d failed (%s); waiting for the rollout workers to regroup", learner.version, e)
                 try:
@@ -169,20 +169,36 @@ class TrainerRole:
             raise
         log.info("weight transfer group rebuilt for %s (%s)", ", ".join(regroup.members) or "no rollout worker", regroup.reason)
 
+    def _lead(self, learner, kind: str, payload):
+        """Rank 0, on the torch thread: name the step to the other ranks, then run it."""
+        broadcast_command(learner.ranks, kind, payload)
+        return self._run(learner, self.pusher, kind, payload)
+
+    def _run(self, learner, pusher, kind: str, payload):
+        if kind == "train":
+            return learner.train_step(payload)
+        if kind == "push":
+            return pusher.push(payload)
+        if kind == "save":
+            return learner.save(step_dir(self.run_dir, payload, tmp=True) / "trainer", self.base_model)
+        if kind != "stop":
+            raise ValueError(f"unknown trainer step {kind!r}")
+
     def _follow(self, learner) -> None:
-        """Ranks other than 0: the same steps, pushes and checkpoints, in lockstep with rank 0
-        (every call below is a collective); no socket of their own."""
+        """Ranks other than 0: run each step rank 0 names (every one is a collective); no socket
+        of their own. A push rank 0 could not finish is retried by rank 0, so it is not fatal here."""
         from flashq.engine.weights import WeightPusher
 
         ws = self.cfg.weight_sync
         pusher = WeightPusher(ws, learner.model, None, 0, 0, learner.device, rank=learner.ranks.rank, wire_dtype=engine_dtype(self.cfg))
-        if learner.version > 0:
-            pusher.push(learner.version)
-        while (batch := broadcast_batch(None, learner.ranks)) is not None:
-            learner.train_step(batch)
-            pusher.push(learner.version)
-            if self._checkpoint_due(learner.version):
-                learner.save(step_dir(self.run_dir, learner.version, tmp=True) / "trainer", self.base_model)
+        while (step := broadcast_command(learner.ranks))[0] != "stop":
+            kind, payload = step
+            try:
+                self._run(learner, pusher, kind, payload)
+            except Exception as e:  # noqa: BLE001 - only a push; anything else ends the rank
+                if kind != "push":
+                    raise
+                log.warning("rank %d: push %s broke off (%s); rank 0 retries it", learner.ranks.rank, payload, e)
         log.info("rank %d: done at version %d", learner.ranks.rank, learner.version)
         pusher.close()
 

@@ -2,8 +2,9 @@
 
 One trainer role may be `trainer.world_size` processes (the launcher starts them with torchrun;
 one per GPU, or CPU processes on gloo - the twin that runs in tests). Rank 0 alone talks to the
-coordinator; it hands each `TrainBatch` to the other ranks here, every rank trains on its share
-of the sequences, and FSDP2 reduces the gradients. The weight broadcast to the engines gathers
+coordinator; before each collective step (train a batch, push weights, save) it names the step to
+the other ranks here, every rank trains on its share of the sequences, and FSDP2 reduces the
+gradients. The weight broadcast to the engines gathers
 each sharded parameter (`full_tensor()`, a collective all ranks join) and rank 0 sends it.
 """
 
@@ -70,18 +71,20 @@ def shard_model(model: torch.nn.Module, mixed_precision: tuple[torch.dtype, torc
     fully_shard(model, **kwargs)
 
 
-def broadcast_batch(batch, ranks: Ranks):
-    """Rank 0 passes a `TrainBatch` (or None, meaning stop); every rank returns it."""
+def broadcast_command(ranks: Ranks, kind: str | None = None, payload=None) -> tuple[str, object]:
+    """Rank 0 names the next collective every rank runs (("train", TrainBatch), ("push",
+    version), ("save", version), ("stop", None)); the others pass None and get it. Every rank
+    then runs the same collectives in the same order, whatever rank 0 was waiting for."""
     if not ranks.sharded:
-        return batch
+        return kind, payload
     from flashq.codec import Decoder, Encoder
 
-    frames = None
-    if ranks.is_leader and batch is not None:  # the codec's frames, copied to bytes for pickling
-        frames = [bytes(f) for f in Encoder().encode(batch)]
-    payload = [frames]
-    dist.broadcast_object_list(payload, src=0)
-    return None if payload[0] is None else Decoder().decode(payload[0])
+    if ranks.is_leader and kind == "train":  # the codec's frames, copied to bytes for pickling
+        payload = [bytes(f) for f in Encoder().encode(payload)]
+    message = [(kind, payload)]
+    dist.broadcast_object_list(message, src=0)
+    kind, payload = message[0]
+    return kind, (Decoder().decode(payload) if kind == "train" else payload)
 
 
 def shares(indices: np.ndarray, lengths: np.ndarray, world_size: int) -> list[np.ndarray]:

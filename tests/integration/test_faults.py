@@ -93,6 +93,23 @@ def test_killed_workers_are_restarted_and_their_work_requeued(tmp_path):
     assert sorted(r["role"] for r in restarts) == ["reward-1", "rollout-1"] and all(r["status"] == -9 for r in restarts)
 
 
+def test_a_killed_rollout_worker_regroups_under_a_two_rank_trainer(tmp_path):
+    """Regroup on a sharded trainer: rank 0 pushes to the rebuilt engine group (while it waits for
+    a batch, or retrying a push cut off by the death) and the other rank joins every push's
+    gathers in the same order, so neither hangs in a collective the other never entered."""
+    run = Run(tmp_path, ["async_ratio=1", "trainer.steps=400", "trainer.world_size=2", "fault.worker_timeout_s=20"])
+    run.wait_steps(3)
+    os.kill(run.pid("rollout-1"), signal.SIGKILL)
+    run.wait_for("rollout-1 serves version")
+    rc = run.proc.wait(timeout=600)
+    assert rc == 0, "".join(run.lines[-80:])
+    ledger = audit(tmp_path, group_size=4)
+    assert ledger["trained_steps"] == 400 and ledger["workers_lost"] == {"rollout-1": 1}
+    assert any("rank 1: done at version 400" in line for line in run.lines)
+    # the trainer itself never died (a push it gave up on would resume the run from scratch)
+    assert [r["role"] for r in read_jsonl(tmp_path / "restarts.jsonl")] == ["rollout-1"]
+
+
 def test_a_killed_trainer_resumes_from_its_checkpoint_without_losing_or_repeating_samples(tmp_path):
     run = Run(tmp_path, ["async_ratio=1", "trainer.steps=24", "trainer.checkpoint_every=4", "rollout.num_workers=1"])
     run.wait_steps(9)
