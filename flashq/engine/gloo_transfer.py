@@ -15,6 +15,7 @@ where one bucket ends and the next begins.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -169,6 +170,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.bucket_bytes = bucket_bytes
         self.group = None
         self.store = None
+        self.phases: dict[str, float] = {}
 
     @classmethod
     def trainer_init(
@@ -221,32 +223,54 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
             shapes=[list(m.shape) for m in meta],
         )
+        t0 = time.monotonic()
         self.client.start_weight_update()
+        t1 = time.monotonic()
         pool = ThreadPoolExecutor(max_workers=1)
         try:
             receiving = pool.submit(self.client.update_weights, asdict(info))
             self._broadcast(meta)
+            t2 = time.monotonic()
             receiving.result()
         finally:
             # If the broadcast failed the workers are stuck in theirs until gloo's timeout;
             # joining the RPC thread here would only turn the error into a wait.
             pool.shutdown(wait=False)
+        t3 = time.monotonic()
         self.client.finish_weight_update()
+        # where a push's time goes: pausing the engines, sending, their loading the last bucket, finishing
+        self.phases = {"start_s": t1 - t0, "send_s": t2 - t1, "drain_s": t3 - t2, "finish_s": time.monotonic() - t3}
 
     def _broadcast(self, meta) -> None:
+        """Bucket k is sent on a helper thread while bucket k+1 is gathered, cast and packed."""
         sizes = [nbytes(m.dtype, m.shape) for m in meta]
         tensors = iter(self.source)
-        for bucket in plan_buckets(sizes, self.bucket_bytes):
-            parts = []
-            for i in bucket:
-                name, tensor = next(tensors)
-                if name != meta[i].name or tuple(tensor.shape) != tuple(meta[i].shape) or tensor.dtype != meta[i].dtype:
-                    raise ValueError(
-                        f"weight source disagrees with its metadata at {i}: declared {meta[i].name!r} "
-                        f"{meta[i].dtype} {tuple(meta[i].shape)}, got {name!r} {tensor.dtype} {tuple(tensor.shape)}"
-                    )
-                parts.append(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8))
-            broadcast(self.group, torch.cat(parts) if len(parts) > 1 else parts[0].clone())
+        sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flashq-send")
+        try:
+            sending = None
+            for bucket in plan_buckets(sizes, self.bucket_bytes):
+                flat = self._pack(bucket, meta, tensors)
+                if sending is not None:
+                    sending.result()
+                sending = sender.submit(broadcast, self.group, flat)
+            if sending is not None:
+                sending.result()
+        finally:
+            sender.shutdown(wait=False)  # after a failure a send may wait out gloo's timeout
+
+    @staticmethod
+    def _pack(bucket: list[int], meta, tensors) -> torch.Tensor:
+        parts = []
+        for i in bucket:
+            name, tensor = next(tensors)
+            if name != meta[i].name or tuple(tensor.shape) != tuple(meta[i].shape) or tensor.dtype != meta[i].dtype:
+                raise ValueError(
+                    f"weight source disagrees with its metadata at {i}: declared {meta[i].name!r} "
+                    f"{meta[i].dtype} {tuple(meta[i].shape)}, got {name!r} {tensor.dtype} {tuple(tensor.shape)}"
+                )
+            parts.append(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8))
+        # one tensor goes as it is (no training runs during a push, so it cannot change meanwhile)
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def shutdown(self) -> None:
         close_group(self.group)

@@ -129,5 +129,9 @@ class WeightPusher:
             self.source.drain()  # a pass that broke off: the other trainer ranks still gather
         return time.monotonic() - t0
 
+    def phases(self) -> dict[str, float]:
+        """Seconds of the last push by phase, where the backend reports them (gloo)."""
+        return dict(getattr(self.engine, "phases", {}))
+
     def close(self) -> None:
         self.engine.shutdown()

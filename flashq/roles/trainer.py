@@ -93,6 +93,7 @@ class TrainerRole:
             metrics = await loop.run_in_executor(self.pool, self._lead, learner, "train", batch)
             sync_s = await self._push(learner)
             metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s})
+            metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})
             record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
             if self._checkpoint_due(learner.version):
                 t0 = time.monotonic()
