@@ -208,24 +208,26 @@ class Learner:
         }
 
     def save(self, directory: Path, tokenizer_source: Path | str) -> None:
-        """Model in Hugging Face format (loadable by vLLM and transformers) plus what resuming
-        needs: optimizer state, RNG state and the policy version."""
+        """The weights as a Hugging Face model (loadable by vLLM and transformers; the float32
+        masters), the optimizer state through torch.distributed.checkpoint (each rank writes its
+        shard; loadable at any world size), and the policy version and RNG state."""
         from transformers import AutoTokenizer
 
-        model_state, optimizer_state = parallel.full_state_dicts(self.model, self.optimizer, self.ranks)
-        if self.ranks.is_leader:  # the full state was gathered to rank 0, which writes it
+        model_state = parallel.full_model_state(self.model, self.ranks)
+        if self.ranks.is_leader:  # the full weights were gathered to rank 0, which exports them
             directory.mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(directory, state_dict=model_state if self.ranks.sharded else None)
+            self.model.save_pretrained(directory, state_dict=model_state)
             AutoTokenizer.from_pretrained(str(tokenizer_source)).save_pretrained(directory)
-            state = {"version": self.version, "optimizer": optimizer_state, "torch_rng": torch.get_rng_state()}
-            torch.save(state, directory / "trainer_state.pt")
+        parallel.save_optimizer(self.model, self.optimizer, directory / "optimizer")
+        if self.ranks.is_leader:  # written last: checkpoint.py takes its presence as "complete"
+            torch.save({"version": self.version, "torch_rng": torch.get_rng_state()}, directory / "trainer_state.pt")
         parallel.barrier(self.ranks)  # on every rank, a returned save is on disk
 
     def load_state(self, directory: Path) -> None:
         """After constructing from `directory` (the weights): optimizer, RNG and version. Every
         rank reads the checkpoint (on a filesystem all trainer hosts share)."""
-        state = torch.load(directory / "trainer_state.pt", map_location="cpu" if self.ranks.sharded else self.device, weights_only=False)
-        parallel.load_optimizer_state(self.model, self.optimizer, state["optimizer"], self.ranks)
+        state = torch.load(directory / "trainer_state.pt", map_location="cpu", weights_only=False)
+        parallel.load_optimizer(self.model, self.optimizer, directory / "optimizer")
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
 

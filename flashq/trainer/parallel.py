@@ -110,23 +110,33 @@ def all_reduce_sum(values: dict[str, float], ranks: Ranks) -> dict[str, float]:
     return dict(zip(keys, t.cpu().tolist()))
 
 
-def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: Ranks) -> tuple[dict, dict]:
-    """Unsharded model and optimizer state on CPU (a collective; meaningful on rank 0)."""
+def full_model_state(model: torch.nn.Module, ranks: Ranks) -> dict | None:
+    """The unsharded weights on CPU for the Hugging Face export (a collective; None off rank 0
+    of a sharded trainer, whose export rank 0 writes)."""
     if not ranks.sharded:
-        return model.state_dict(), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, ranks: Ranks) -> None:
-    if not ranks.sharded:
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def save_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path) -> None:
+    """torch.distributed.checkpoint: each rank writes its own shard of the optimizer state (no
+    rank gathers it), in a layout any world size can load."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+
+
+def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path) -> None:
+    """Read what `save_optimizer` wrote, resharded to this trainer's ranks."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill (state initialised)
+    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"])
 
 
 def barrier(ranks: Ranks) -> None:
