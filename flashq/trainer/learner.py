@@ -91,11 +91,6 @@ class Learner:
         self.reference = None
         if tc.loss.kl_coef > 0:
             self.reference = self._policy_model(reference_path or model_path).eval().requires_grad_(False)
-        if self.ranks.sharded:  # before the optimizer, which must hold the sharded parameters
-            mp = (self.compute_dtype, self.param_dtype) if self.compute_dtype != self.param_dtype else None
-            parallel.shard_model(self.model, mp)
-            if self.reference is not None:
-                parallel.shard_model(self.reference, mp)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.version = 0
         self.temperature = cfg.sampling.temperature or 1.0
@@ -107,8 +102,16 @@ class Learner:
         self.max_sample_tokens = cfg.sampling.max_tokens * (cfg.env.max_turns if cfg.env is not None else 1)
 
     def _policy_model(self, path):
+        """The model with flashq's logprob head; sharded with FSDP2 (before the optimizer, which
+        must hold the sharded parameters) when the trainer has several ranks."""
+        def prepare(model):
+            install_logprob_head(model, self.cfg.trainer.logprob_chunk_tokens)
+
+        if self.ranks.sharded:
+            mp = (self.compute_dtype, self.param_dtype) if self.compute_dtype != self.param_dtype else None
+            return parallel.load_sharded_model(path, self.param_dtype, self.device, self.ranks, prepare, mp)
         model = load_causal_lm(path, self.param_dtype, self.device)
-        install_logprob_head(model, self.cfg.trainer.logprob_chunk_tokens)
+        prepare(model)
         return model
 
     def _autocast(self):

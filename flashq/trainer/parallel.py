@@ -11,6 +11,7 @@ each sharded parameter (`full_tensor()`, a collective all ranks join) and rank 0
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -69,6 +70,60 @@ def shard_model(model: torch.nn.Module, mixed_precision: tuple[torch.dtype, torc
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+
+
+@contextmanager
+def parameters_on_meta():
+    """Build a module whose parameters take no memory (meta device) while its buffers are real:
+    tables such as rotary frequencies are computed at construction, not loaded from checkpoints."""
+    original = torch.nn.Module.register_parameter
+
+    def register(module, name, param):
+        if param is not None and param.device.type != "meta":
+            param = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+        original(module, name, param)
+
+    torch.nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original
+
+
+def load_sharded_model(path, dtype: torch.dtype, device: torch.device, ranks: Ranks, prepare, mixed_precision) -> torch.nn.Module:
+    """A sharded causal LM without any rank holding the whole model on its device: each rank
+    builds the model's skeleton (parameters on meta), `prepare(model)` adapts it (the logprob
+    head), FSDP2 shards it, and rank 0 alone reads the checkpoint and sends each rank its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    prepare(model)
+    shard_model(model, mixed_precision)
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    full = read_checkpoint(path) if ranks.is_leader else {}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False))
+    return model
+
+
+def read_checkpoint(path) -> dict[str, torch.Tensor]:
+    """A Hugging Face checkpoint directory's tensors (safetensors, one file or several)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    return state
 
 
 def broadcast_command(ranks: Ranks, kind: str | None = None, payload=None) -> tuple[str, object]:

@@ -97,8 +97,15 @@ def _bf16_rank_main(rank, port, model, batch, out):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from flashq.trainer.learner import Learner
 
+    from flashq.trainer import parallel
+
     torch.set_num_threads(1)
-    learner = Learner(load_config(None, ["trainer.world_size=2", "trainer.compute_dtype=bfloat16", "trainer.lr=1e-6"]), model)
+    reads = []
+    parallel.read_checkpoint = (lambda read: lambda path: (reads.append(rank), read(path))[1])(parallel.read_checkpoint)
+    overrides = ["trainer.world_size=2", "trainer.compute_dtype=bfloat16", "trainer.lr=1e-6", "trainer.gradient_checkpointing=true"]
+    learner = Learner(load_config(None, overrides), model)
+    assert learner.model.is_gradient_checkpointing
+    (Path(out) / f"reads-{rank}.json").write_text(json.dumps(reads))
     before = {n: p.full_tensor().clone() for n, p in learner.model.named_parameters()}
     seen = set()
     learner.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, inp, out: seen.add(str(out.dtype)))
@@ -115,7 +122,8 @@ def _bf16_rank_main(rank, port, model, batch, out):
 @pytest.mark.slow
 def test_two_fsdp_ranks_compute_in_bf16_and_keep_float32_masters(tiny_model, tmp_path):
     """FSDP2's MixedPrecisionPolicy: bf16 gathers and compute, float32 shards and Adam state; an
-    lr 1e-6 step moves the masters (it would round away in bf16 parameters)."""
+    lr 1e-6 step moves the masters (it would round away in bf16 parameters). With gradient
+    checkpointing, and the model built without rank 1 ever holding it whole."""
     from flashq.roles.common import free_port
     from flashq.trainer.learner import Learner
 
@@ -125,5 +133,7 @@ def test_two_fsdp_ranks_compute_in_bf16_and_keep_float32_masters(tiny_model, tmp
     mp.start_processes(_bf16_rank_main, args=(free_port(), tiny_model, batch, str(tmp_path)), nprocs=2, start_method="spawn")
     got = json.loads((tmp_path / "bf16.json").read_text())
     assert got["dtypes"] == ["torch.float32"] and got["computed"] == ["torch.bfloat16"]
+    # rank 0 alone read the checkpoint; rank 1 built an empty skeleton and got its shards
+    assert [json.loads((tmp_path / f"reads-{r}.json").read_text()) for r in (0, 1)] == [[0], []]
     assert got["loss"] == pytest.approx(expected["loss"], rel=0.05, abs=1e-3)
     assert min(got["changed"].values()) > 0.5  # every tensor's masters moved, nearly every element
