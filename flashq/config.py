@@ -232,7 +232,7 @@ class TrainerConfig(Section):
     world_size: int = Field(1, ge=1, description="Trainer ranks, one per GPU; >1 shards the model with FSDP2 (torchrun).")
     dist_backend: Literal["auto", "nccl", "gloo"] = Field("auto", description='Between trainer ranks; "auto": nccl with CUDA, gloo otherwise.')
     dist_timeout_s: float = Field(3600.0, gt=0, description="Longest a rank waits in a collective (e.g. for the next batch).")
-    micro_batch_tokens: int = Field(16384, ge=64, description="Padded tokens per forward/backward chunk.")
+    micro_batch_tokens: int = Field(16384, ge=64, description="Tokens (padding or packed rows' tails included) per forward/backward chunk.")
     param_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Master weights and optimizer state. bfloat16 loses small updates (lr 1e-6 on |w| 0.02 rounds away)."
     )
@@ -243,6 +243,11 @@ class TrainerConfig(Section):
         1024, ge=1, description="Response positions projected onto the vocabulary at once (float32 logits for this many rows only)."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward instead of keeping its activations.")
+    packing: bool = Field(
+        False,
+        description="Pack sequences into rows without padding (position ids restart per sequence; checked against the model "
+        "at start). Pays with varlen attention (flash-attention); sdpa computes attention over whole rows.",
+    )
     minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
     keep_checkpoints: int = Field(2, ge=1)

@@ -21,6 +21,7 @@ from flashq.config import FlashqConfig
 from flashq.protocol import TrainBatch
 from flashq.trainer import parallel
 from flashq.trainer.logprobs import install_logprob_head, token_logprobs
+from flashq.trainer.packing import PackedRows, check_isolation, first_fit_rows, pack, unpack
 
 
 def pick_device(requested: str) -> torch.device:
@@ -36,13 +37,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class MicroBatch:
-    ids: torch.Tensor
-    attn: torch.Tensor
+    """One row per sequence for the loss; the forward runs on `packed` rows when packing."""
+
+    ids: torch.Tensor | None  # [S, T] padded (None when packed)
+    attn: torch.Tensor | None
     mask: torch.Tensor  # [S, T-1], 1 on response tokens
     behav: torch.Tensor  # behaviour logprobs, aligned with mask
     adv: torch.Tensor  # [S]
+    tokens: int  # real tokens (prompts and responses)
+    packed: PackedRows | None = None
     prox: torch.Tensor | None = None
     ref: torch.Tensor | None = None
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.packed.padding_tokens if self.packed is not None else int(self.ids.numel())
 
 
 def load_causal_lm(path, dtype: torch.dtype, device: torch.device):
@@ -98,6 +107,8 @@ class Learner:
         self.banned = None
         if cfg.sampling.forced_lengths is not None:
             self.banned = torch.tensor(stop_token_ids(model_path), dtype=torch.long, device=self.device)
+        if tc.packing:
+            self._check_packing()
         # Dr. GRPO's constant: the most tokens one sample can train (an episode has several turns)
         self.max_sample_tokens = cfg.sampling.max_tokens * (cfg.env.max_turns if cfg.env is not None else 1)
 
@@ -121,9 +132,25 @@ class Learner:
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
 
     def logprobs(self, model, micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logprobs and entropies of a micro-batch's trained tokens under `model`."""
+        """Logprobs and entropies of a micro-batch's trained tokens under `model`, [S, T-1]."""
         with self._autocast():
-            return token_logprobs(model, micro.ids, micro.attn, self.temperature, micro.mask > 0, self.banned)
+            p = micro.packed
+            if p is None:
+                return token_logprobs(model, micro.ids, micro.attn, self.temperature, micro.mask > 0, self.banned)
+            logp, entropy = token_logprobs(model, p.ids, None, self.temperature, p.select, self.banned, p.positions)
+            return unpack(logp, p.index), unpack(entropy, p.index)
+
+    def _check_packing(self) -> None:
+        """Packed rows are only right if the model's attention keeps each sequence to itself."""
+        def logprobs(ids, attn, select, positions):
+            return token_logprobs(self.model, ids, attn, 1.0, select, None, positions)[0]
+
+        gap = check_isolation(self.model, logprobs, self.model.config.vocab_size, self.device)
+        if gap > 1e-3:
+            raise ValueError(
+                f"trainer.packing: {type(self.model).__name__} lets packed sequences attend to each other (logprobs "
+                f"differ by {gap:.3g} from the same sequences apart); set trainer.packing: false for this model"
+            )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if batch.batch_index != self.version:
@@ -138,6 +165,8 @@ class Learner:
 
         minibatches = self._minibatches(n_seq)
         plan = [self._rank_micro_batches(batch, mb, adv) for mb in minibatches]
+        computed = sum(m.computed_tokens for mb in plan for m in mb)
+        padding = 1.0 - sum(m.tokens for mb in plan for m in mb) / max(computed, 1)
         with torch.no_grad():
             for micro in (m for mb in plan for m in mb):
                 if tc.minibatches > 1:  # later minibatches must see the policy as it was before the update
@@ -207,6 +236,7 @@ class Learner:
             "train/seconds": time.monotonic() - t0,
             "train/sequences": float(n_seq),
             "train/tokens": float(resp_lens.sum()),
+            "train/padding_frac": padding,  # of the tokens this rank's forward passes computed
             **{f"loss/{k}": v for k, v in totals.items()},
         }
 
@@ -242,13 +272,13 @@ class Learner:
         """This rank's micro-batches of a minibatch. Every rank runs the same number of forward
         and backward passes (FSDP's collectives pair up), so a rank with fewer pads with a
         micro-batch whose loss mask is empty."""
+        lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
         if not self.ranks.sharded:
-            return [self._micro(batch, chunk, adv) for chunk in self._micro_batches(batch, indices)]
-        lens = (np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets))[indices]
-        per_rank = parallel.shares(indices, lens, self.ranks.world_size)
+            return [self._micro(batch, chunk, adv, int(lens[indices].max())) for chunk in self._micro_batches(batch, indices)]
+        per_rank = parallel.shares(indices, lens[indices], self.ranks.world_size)
         counts = [len(self._micro_batches(batch, share)) if len(share) else 0 for share in per_rank]
         mine = per_rank[self.ranks.rank]
-        micros = [self._micro(batch, chunk, adv) for chunk in self._micro_batches(batch, mine)] if len(mine) else []
+        micros = [self._micro(batch, chunk, adv, int(lens[mine].max())) for chunk in self._micro_batches(batch, mine)] if len(mine) else []
         while len(micros) < max(counts):
             pad = self._micro(batch, indices[:1], adv)
             pad.mask.zero_()
@@ -256,43 +286,61 @@ class Learner:
         return micros
 
     def _micro_batches(self, batch: TrainBatch, indices: np.ndarray) -> list[np.ndarray]:
-        """Chunks of `indices` whose padded size stays under trainer.micro_batch_tokens."""
+        """Chunks of `indices` whose computed tokens stay under trainer.micro_batch_tokens:
+        sequences x the chunk's longest when padded (sorted by length, so neighbours pad little);
+        packed rows x the longest of `indices` when packing."""
         lens = (np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets))[indices]
         budget = self.cfg.trainer.micro_batch_tokens
-        chunks, current, longest = [], [], 0
-        for j in np.argsort(lens, kind="stable"):
-            longest_if = max(longest, int(lens[j]))
-            if current and longest_if * (len(current) + 1) > budget:
-                chunks.append(np.array(current))
-                current, longest_if = [], int(lens[j])
-            current.append(int(indices[j]))
-            longest = longest_if
+        chunks, current = [], []
+        if not self.cfg.trainer.packing:
+            longest = 0
+            for j in np.argsort(lens, kind="stable"):
+                longest_if = max(longest, int(lens[j]))
+                if current and longest_if * (len(current) + 1) > budget:
+                    chunks.append(np.array(current))
+                    current, longest_if = [], int(lens[j])
+                current.append(int(indices[j]))
+                longest = longest_if
+        else:  # rows as long as the longest sequence, filled first-fit, as many rows as the budget holds
+            capacity = int(lens.max())
+            rows = first_fit_rows(lens, capacity)
+            per = max(budget // capacity, 1)
+            return [np.array(sorted(int(indices[j]) for row in rows[k : k + per] for j in row)) for k in range(0, len(rows), per)]
         if current:
             chunks.append(np.array(current))
         return chunks
 
-    def _micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor) -> MicroBatch:
+    def _micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor, capacity: int = 0) -> MicroBatch:
+        """`capacity`: packed rows' length (at least the chunk's longest sequence)."""
         po, ro = batch.prompt_offsets, batch.response_offsets
         seqs = [np.concatenate([batch.prompt_ids[po[i] : po[i + 1]], batch.response_ids[ro[i] : ro[i + 1]]]) for i in idx]
         T = max(len(s) for s in seqs)
-        ids = np.zeros((len(idx), T), np.int64)
-        attn = np.zeros((len(idx), T), np.int64)
         mask = np.zeros((len(idx), T - 1), np.float32)
         behav = np.zeros((len(idx), T - 1), np.float32)
         for j, i in enumerate(idx):
             p_len, r_len = po[i + 1] - po[i], ro[i + 1] - ro[i]
-            ids[j, : p_len + r_len] = seqs[j]
-            attn[j, : p_len + r_len] = 1
             # row t of the [T-1] logprobs predicts token t+1, so the response starts at p_len - 1
             mask[j, p_len - 1 : p_len - 1 + r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
             behav[j, p_len - 1 : p_len - 1 + r_len] = batch.logprobs[ro[i] : ro[i + 1]]
         dev = self.device
+        ids = attn = packed = None
+        if self.cfg.trainer.packing:
+            packed = pack(seqs, mask, dev, max(capacity, T))
+        else:
+            ids_np = np.zeros((len(idx), T), np.int64)
+            attn_np = np.zeros((len(idx), T), np.int64)
+            for j, s in enumerate(seqs):
+                ids_np[j, : len(s)] = s
+                attn_np[j, : len(s)] = 1
+            ids, attn = torch.from_numpy(ids_np).to(dev), torch.from_numpy(attn_np).to(dev)
         return MicroBatch(
-            ids=torch.from_numpy(ids).to(dev),
-            attn=torch.from_numpy(attn).to(dev),
+            ids=ids,
+            attn=attn,
             mask=torch.from_numpy(mask).to(dev),
             behav=torch.from_numpy(behav).to(dev),
             adv=adv[torch.from_numpy(idx)].to(dev),
+            tokens=sum(len(s) for s in seqs),
+            packed=packed,
         )
 
 

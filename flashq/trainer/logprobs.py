@@ -117,20 +117,25 @@ def token_logprobs(
     temperature: float,
     select: torch.Tensor | None = None,
     banned: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logp[i, t] = log pi(input_ids[i, t+1] | input_ids[i, :t+1]) and the entropy of that
-    distribution, both [B, T-1] float32 (float64 for a float64 model), computed where `select` ([B, T-1] bool; default: every
-    real token) is true and 0 elsewhere. `model` must carry a `LogprobHead`."""
+    distribution, both [B, T-1] float32 (float64 for a float64 model), computed where `select`
+    ([B, T-1] bool; default: every real token) is true and 0 elsewhere. Packed rows (several
+    sequences one after another) pass `attention_mask=None` and `position_ids` restarting at 0
+    for each sequence. `model` must carry a `LogprobHead`."""
     head = model.get_output_embeddings()
     if not isinstance(head, LogprobHead):
         raise TypeError("token_logprobs needs install_logprob_head(model, ...) first")
     if select is None:
+        if attention_mask is None:
+            raise ValueError("packed rows (no attention mask) need `select`")
         select = attention_mask[:, 1:].bool()
     select = select.bool()
     hidden_select = F.pad(select, (0, 1), value=False)
     request = _Request(hidden_select, input_ids[:, 1:][select], temperature or 1.0, banned)
     with head.bound(request):
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
     zeros = torch.zeros(select.shape, dtype=out.dtype, device=input_ids.device)
     return zeros.masked_scatter(select, out[0]), zeros.masked_scatter(select, out[1].detach())
 

@@ -12,13 +12,14 @@ from flashq.trainer.learner import Learner
 from flashq.trainer.logprobs import token_logprobs
 
 
-def make_batch(learner, rewards, versions=0, batch_index=0, behaviour=None):
-    """A batch of one group; behaviour logprobs default to the learner's own (on-policy)."""
+def make_batch(learner, rewards, versions=0, batch_index=0, behaviour=None, lengths=None):
+    """A batch of one group; behaviour logprobs default to the learner's own (on-policy);
+    response k has `lengths[k]` tokens (default 3 + k)."""
     rng = np.random.default_rng(0)
     prompt = np.array([2, 121, 119, 14, 53, 47, 54, 65], np.int32)
     group = Group(task={}, prompt_ids=prompt, size=len(rewards), admission=Admission("g0", 0, 0))
     for k, r in enumerate(rewards):
-        resp = rng.integers(5, 200, size=3 + k).astype(np.int32)
+        resp = rng.integers(5, 200, size=lengths[k] if lengths is not None else 3 + k).astype(np.int32)
         ids = torch.tensor(np.concatenate([prompt, resp])[None].astype(np.int64))
         with torch.no_grad():
             lp = token_logprobs(learner.model, ids, torch.ones_like(ids), 1.0)[0][0, len(prompt) - 1 :].numpy()
