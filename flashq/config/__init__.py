@@ -1,0 +1,203 @@
+"""One typed config for a whole run, one section per role, validated when it is loaded.
+
+A run is described by a YAML file plus `key=value` overrides (`async_ratio=2`,
+`trainer.lr=3e-4`). Unknown keys and bad values fail at load with the field's dotted path.
+The defaults run the quickstart on a laptop CPU.
+
+This module must stay importable without torch or vLLM (the launcher and `--dry-run` use it).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from flashq.config.sections import (  # noqa: F401 - the sections are part of this module's interface
+    Section,
+    ConfigError,
+    ModelConfig,
+    ArithmeticConfig,
+    FileTaskConfig,
+    ReasoningGymConfig,
+    TaskConfig,
+    ForcedLengths,
+    EnvConfig,
+    SamplingConfig,
+    RolloutConfig,
+    RewardConfig,
+    LossConfig,
+    TrainerConfig,
+    WeightSyncConfig,
+    TransportConfig,
+    SFTConfig,
+    PlacementConfig,
+    LogConfig,
+    RayRoleResources,
+    RayConfig,
+    FaultConfig,
+)
+
+
+class FlashqConfig(Section):
+    name: str = "quickstart"
+    seed: int = 0
+    async_ratio: float = Field(
+        2.0,
+        ge=0,
+        description="alpha: generation may lead training by at most alpha batches; 0 is synchronous.",
+    )
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    env: EnvConfig | None = Field(None, description="Set to train on a multi-turn environment instead of single-turn tasks.")
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    transport: TransportConfig = TransportConfig()
+    sft: SFTConfig = SFTConfig()
+    placement: PlacementConfig = PlacementConfig()
+    log: LogConfig = LogConfig()
+    fault: FaultConfig = FaultConfig()
+    ray: RayConfig = RayConfig()
+    resume_from: Path | None = Field(None, description="A checkpoint directory to continue from (set by `flashq launch --resume`).")
+
+    @model_validator(mode="after")
+    def _check(self) -> FlashqConfig:
+        if self.sampling.max_tokens >= self.rollout.max_model_len:
+            raise ValueError(
+                f"sampling.max_tokens ({self.sampling.max_tokens}) must be below rollout.max_model_len "
+                f"({self.rollout.max_model_len}) to leave room for the prompt"
+            )
+        if self.sampling.top_p < 1:
+            raise ValueError(
+                f"sampling.top_p is {self.sampling.top_p}: vLLM would report logprobs of the top-p truncated "
+                "distribution, which the trainer does not reproduce, so importance weights would be biased; use top_p 1"
+            )
+        fl = self.sampling.forced_lengths
+        if self.rollout.scheduler == "oracle" and fl is None:
+            raise ValueError("rollout.scheduler 'oracle' needs sampling.forced_lengths (it must know every length)")
+        if fl is not None and not fl.min <= fl.median <= fl.max <= self.sampling.max_tokens:
+            raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
+        if self.env is not None and (self.rollout.scheduler != "fifo" or self.rollout.chunk_tokens or fl is not None):
+            raise ValueError("env episodes run with rollout.scheduler fifo, no rollout.chunk_tokens and no sampling.forced_lengths")
+        gpus, want = self.placement.rollout_gpus, self.rollout.num_workers * self.rollout.tensor_parallel_size
+        if gpus and len(gpus) != want:
+            raise ValueError(
+                f"placement.rollout_gpus lists {len(gpus)} device(s); rollout.num_workers x rollout.tensor_parallel_size needs {want}"
+            )
+        if self.placement.trainer_gpus and len(self.placement.trainer_gpus) != self.trainer.world_size:
+            raise ValueError(
+                f"placement.trainer_gpus lists {len(self.placement.trainer_gpus)} device(s) for trainer.world_size={self.trainer.world_size}"
+            )
+        if set(gpus) & set(self.placement.trainer_gpus):
+            raise ValueError(f"placement: GPU(s) {sorted(set(gpus) & set(self.placement.trainer_gpus))} are given to both rollout and trainer")
+        return self
+
+    @property
+    def staleness_bound(self) -> int:
+        """ceil(alpha): the most versions a trained token may lag its trainer."""
+        return math.ceil(self.async_ratio)
+
+    @property
+    def total_groups(self) -> int:
+        return self.trainer.steps * self.trainer.batch_groups
+
+    def role_names(self) -> list[str]:
+        return (
+            ["coordinator"]
+            + [f"rollout-{i}" for i in range(self.rollout.num_workers)]
+            + [f"reward-{i}" for i in range(self.reward.num_workers)]
+            + ["trainer"]
+        )
+
+
+ROLE_SECTIONS = {
+    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "env", "trainer", "rollout", "reward", "transport", "log", "fault", "resume_from"],
+    "rollout": ["name", "seed", "model", "env", "rollout", "weight_sync", "transport", "log"],
+    "reward": ["name", "model", "reward", "transport", "log"],
+    "trainer": ["name", "seed", "async_ratio", "model", "sampling", "env", "trainer", "weight_sync", "transport", "log", "fault", "resume_from"],
+}
+
+
+def role_kind(role: str) -> str:
+    kind = role.split("-")[0]
+    if kind not in ROLE_SECTIONS:
+        raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLE_SECTIONS)} (e.g. rollout-0)")
+    return kind
+
+
+def role_view(cfg: FlashqConfig, role: str) -> dict[str, Any]:
+    """The part of the resolved config a role reads (what `--dry-run` prints)."""
+    full = cfg.model_dump(mode="json")
+    return {key: full[key] for key in ROLE_SECTIONS[role_kind(role)]}
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {key!r} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    parsed = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. async_ratio=2)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: cannot parse value: {e}") from None
+        parsed.append((key.strip(), value))
+    return parsed
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see configs/ for valid keys)"
+        lines.append(f"  {where}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden" and "input" in e and not isinstance(e["input"], dict) else ""))
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> FlashqConfig:
+    """Read YAML (or start from defaults when `path` is None), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "(defaults)"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {path} must be a mapping of sections, got {type(data).__name__}")
+    for key, value in parse_overrides(list(overrides)):
+        _set_dotted(data, key, value)
+    try:
+        return FlashqConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None
+
+
+def dump_config(cfg: FlashqConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
