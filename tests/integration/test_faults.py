@@ -18,13 +18,25 @@ pytestmark = pytest.mark.slow
 class Run:
     """`flashq launch` in a subprocess, with its output collected as it comes."""
 
+    started: list["Run"] = []
+
     def __init__(self, run_dir, overrides):
+        Run.started.append(self)
         self.run_dir = run_dir
         self.proc = subprocess.Popen(launch_cmd(run_dir, overrides), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self.reader.start()
+
+    def stop(self) -> None:
+        """A run a failed test left behind: the launcher stops its roles on SIGTERM."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
     def wait_for(self, text: str, timeout: float = 300) -> str:
         deadline = time.time() + timeout
@@ -52,6 +64,13 @@ class Run:
         hits = [line for line in list(self.lines) if f"{role} connected (pid" in line or f"{role} rejoined (pid" in line]
         assert len(hits) >= nth, "".join(self.lines[-60:])
         return int(hits[nth - 1].split("(pid ")[1].split()[0].rstrip(")"))
+
+
+@pytest.fixture(autouse=True)
+def stop_runs_left_running():
+    yield
+    while Run.started:
+        Run.started.pop().stop()
 
 
 def audit(run_dir, group_size: int):
