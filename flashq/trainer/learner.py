@@ -51,7 +51,7 @@ class MicroBatch:
 
     @property
     def computed_tokens(self) -> int:
-        return self.packed.padding_tokens if self.packed is not None else int(self.ids.numel())
+        return self.packed.computed_tokens if self.packed is not None else int(self.ids.numel())
 
 
 def load_causal_lm(path, dtype: torch.dtype, device: torch.device):
@@ -260,7 +260,15 @@ class Learner:
         """After constructing from `directory` (the weights): optimizer, RNG and version. Every
         rank reads the checkpoint (on a filesystem all trainer hosts share)."""
         state = torch.load(directory / "trainer_state.pt", map_location="cpu", weights_only=False)
-        parallel.load_optimizer(self.model, self.optimizer, directory / "optimizer")
+        if "optimizer" in state:  # written before the optimizer state was sharded: one full copy
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            if self.ranks.sharded:
+                set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            parallel.load_optimizer(self.model, self.optimizer, directory / "optimizer")
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
 

@@ -49,7 +49,7 @@ class PackedRows:
     index: torch.Tensor  # [S, T-1] flat index into [R, C-1] of each sequence position, -1 for none
 
     @property
-    def padding_tokens(self) -> int:
+    def computed_tokens(self) -> int:
         return int(self.ids.numel())
 
 

@@ -186,3 +186,19 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model):
     ckpt.train_step(batch)
     for a, b in zip(plain.model.parameters(), ckpt.model.parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-7, rtol=1e-5)
+
+
+def test_a_checkpoint_from_before_sharded_optimizer_state_still_resumes(tiny_model, tmp_path):
+    """Older checkpoints hold the optimizer's full state in trainer_state.pt, not optimizer/."""
+    learner = Learner(load_config(None), tiny_model)
+    learner.train_step(make_batch(learner, [1, 0, 0, 1]))
+    learner.save(tmp_path, tiny_model)
+    import shutil
+
+    shutil.rmtree(tmp_path / "optimizer")
+    torch.save({"version": 1, "optimizer": learner.optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, tmp_path / "trainer_state.pt")
+    resumed = Learner(load_config(None), tmp_path)
+    resumed.load_state(tmp_path)
+    assert resumed.version == 1
+    for a, b in zip(learner.optimizer.state.values(), resumed.optimizer.state.values()):
+        assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])

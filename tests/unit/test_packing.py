@@ -44,7 +44,7 @@ def test_packed_rows_give_the_padded_logprobs_and_gradients():
 
     model.zero_grad()
     packed = pack(seqs, mask, torch.device("cpu"))
-    assert packed.ids.shape[0] < len(seqs) and packed.padding_tokens < ids.numel()
+    assert packed.ids.shape[0] < len(seqs) and packed.computed_tokens < ids.numel()
     got_p, _ = token_logprobs(model, packed.ids, None, 1.0, packed.select, None, packed.positions)
     got = unpack(got_p, packed.index)
     (got * weights).sum().backward()
