@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flashq.models.tiny import CHAT_TEMPLATE, EOS, IM_END, IM_START, PAD, vocab
+from flashq.models.tiny import CHAT_TEMPLATE, EOS, IM_END, IM_START, PAD, build_once, vocab
 
 VOCAB_SIZE = 151936
 _COMMON = dict(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
@@ -106,21 +103,7 @@ def build_real_size_model(spec: RealSizeSpec, out_dir: Path) -> Path:
 
 def ensure_real_size_model(spec: RealSizeSpec, cache_dir: Path = Path(".cache/flashq")) -> Path:
     """The checkpoint directory for `spec`, built once (atomically) into `cache_dir` if absent."""
-    target = Path(cache_dir) / spec.dir_name()
-    if (target / MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".real-", dir=target.parent))
-    try:
-        build_real_size_model(spec, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / MARKER).exists():  # lost a race to another builder: fine
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(Path(cache_dir) / spec.dir_name(), MARKER, lambda out: build_real_size_model(spec, out))
 
 
 if __name__ == "__main__":

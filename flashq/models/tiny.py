@@ -127,17 +127,22 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: Path) -> Path:
 
 def ensure_tiny_model(spec: TinyModelSpec, cache_dir: Path) -> Path:
     """Return the checkpoint directory for `spec`, building it once (atomically) if absent."""
-    target = Path(cache_dir) / f"tiny-{spec.fingerprint()}"
-    if (target / "flashq_tiny.json").exists():
+    return build_once(Path(cache_dir) / f"tiny-{spec.fingerprint()}", "flashq_tiny.json", lambda out: build_tiny_model(spec, out))
+
+
+def build_once(target: Path, marker: str, build) -> Path:
+    """`target`, built by `build(tmp_dir)` into a temporary directory and renamed into place
+    unless it already holds `marker`; concurrent builders race harmlessly."""
+    if (target / marker).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        build_tiny_model(spec, tmp)
+        build(tmp)
         try:
             os.rename(tmp, target)
         except OSError:
-            if not (target / "flashq_tiny.json").exists():  # lost a race to another builder: fine
+            if not (target / marker).exists():  # lost a race to another builder: fine
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,6 +16,15 @@ from flashq.trainer.logprobs import naive_token_logprobs
 pytestmark = pytest.mark.slow
 
 
+def direct_rpc(engine, loop):
+    """The coordinator's part of a push, called straight into the engine (the trainer is rank 0)."""
+    def rpc(method, payload, version):
+        payload = {**payload, "rank_offset": 1} if method == "init_weight_transfer_engine" else payload
+        asyncio.run_coroutine_threadsafe(engine.weight_sync(method, payload, version), loop).result(60)
+
+    return rpc
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versions(tiny_model, device):
     """gloo on CPU; on a GPU machine the same path runs vLLM's own NCCL engines."""
@@ -30,10 +39,7 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
         await engine.start()
         loop = asyncio.get_running_loop()
         try:
-            def rpc(method, payload, version):
-                payload = {**payload, "rank_offset": 1} if method == "init_weight_transfer_engine" else payload
-                asyncio.run_coroutine_threadsafe(engine.weight_sync(method, payload, version), loop).result(60)
-
+            rpc = direct_rpc(engine, loop)
             model = AutoModelForCausalLM.from_pretrained(tiny_model).to(device)
             pusher = await loop.run_in_executor(None, lambda: WeightPusher(cfg.weight_sync, model, rpc, 1, free_port(), torch.device(device)))
             prompt = np.array([2, 53, 47, 54, 65], np.int32)
@@ -88,10 +94,7 @@ def test_bf16_engines_serve_the_cast_of_float32_masters_and_agree_with_bf16_trai
         await engine.start()
         loop = asyncio.get_running_loop()
         try:
-            def rpc(method, payload, version):
-                payload = {**payload, "rank_offset": 1} if method == "init_weight_transfer_engine" else payload
-                asyncio.run_coroutine_threadsafe(engine.weight_sync(method, payload, version), loop).result(60)
-
+            rpc = direct_rpc(engine, loop)
             learner = Learner(cfg, tiny_model)
             with torch.no_grad():  # make the stop token likely, so min_tokens' masking matters
                 learner.model.model.embed_tokens.weight[int(banned[0])] *= STOP_BOOST
