@@ -175,13 +175,24 @@ def full_model_state(model: torch.nn.Module, ranks: Ranks) -> dict | None:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+@contextmanager
+def _single_process_is_meant():
+    """A one-rank trainer checkpoints without a process group, as intended: not worth a warning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path) -> None:
     """torch.distributed.checkpoint: each rank writes its own shard of the optimizer state (no
     rank gathers it), in a layout any world size can load."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    with _single_process_is_meant():
+        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
 
 
 def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path) -> None:
@@ -190,7 +201,8 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pat
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill (state initialised)
-    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    with _single_process_is_meant():
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"])
 
 
