@@ -15,11 +15,21 @@ Objectives J_t (the loss is -J_t, aggregated over tokens), each a small function
              (MiniMax-M1: clip the IS weight, never drop a token's gradient)
   topr       A log pi_theta if A >= 0, else sg(clip(rho, 0, 1)) A log pi_theta
              (Tapered Off-Policy REINFORCE, Le Roux et al. 2025)
+  gspo       min(s A, clip(s, 1-eps_lo, 1+eps_hi) A) per sequence, s = (pi_theta/pi_prox)^(1/|y|)
+             = exp(mean_t (log pi_theta - log pi_prox)), the length-normalised sequence ratio
+             (Zheng et al. 2025). Written per token as GSPO-token: s_t = sg(s) pi_theta(y_t)/
+             sg(pi_theta(y_t)), equal to s in value, so every token of a sequence carries its
+             sequence's clipped objective and the gradient is s A (1/|y|) sum_t grad log pi_theta(y_t)
+             under sequence_mean aggregation (the paper's).
 
 Behaviour correction w (detached, multiplies J), for staleness:
   none          w = 1
   tis_token     w_t = min(pi_prox/pi_behav, cap)          (ppo + tis_token = decoupled PPO, AReaL)
   tis_sequence  w = min(prod_t pi_prox/pi_behav, cap) for the whole sequence
+  mask_token    w_t = 1 if mask_low <= pi_prox/pi_behav <= mask_high else 0: a token the two
+                policies disagree on is dropped, not down-weighted (IcePop; MIS)
+  mask_sequence w = 1 if mask_low <= exp(mean_t log(pi_prox/pi_behav)) <= mask_high else 0: the
+                geometric-mean ratio decides for the whole sequence
 
 KL to the reference (k3, Schulman): kl_t = exp(q) - q - 1, q = log pi_ref - log pi_theta.
 """
@@ -30,8 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
-POLICIES = ("ppo", "reinforce", "cispo", "topr")
-CORRECTIONS = ("none", "tis_token", "tis_sequence")
+POLICIES = ("ppo", "reinforce", "cispo", "topr", "gspo")
+CORRECTIONS = ("none", "tis_token", "tis_sequence", "mask_token", "mask_sequence")
 AGGREGATIONS = ("token_mean", "sequence_mean", "token_sum_norm")
 
 
@@ -58,7 +68,17 @@ def topr_objective(logp, behav_logp, adv):
     return torch.where(adv >= 0, adv * logp, rho * adv * logp)
 
 
-def behaviour_weight(prox_logp, behav_logp, mask, kind: str, cap: float) -> torch.Tensor:
+def gspo_objective(logp, prox_logp, adv, mask, eps_low: float, eps_high: float):
+    n = mask.sum(-1, keepdim=True).clamp(min=1)
+    seq_ratio = torch.exp(((logp - prox_logp) * mask).sum(-1, keepdim=True) / n)  # s, one per sequence
+    ratio = seq_ratio.detach() * torch.exp(logp - logp.detach())  # s_t: s in value, grad of log pi_theta(y_t)
+    s_clip = torch.clamp(seq_ratio.detach(), 1 - eps_low, 1 + eps_high)
+    # min(s A, clip(s) A): where the clip binds, the clipped value has no gradient
+    j = torch.where(seq_ratio.detach() * adv <= s_clip * adv, ratio * adv, s_clip * adv)
+    return j, seq_ratio.detach().expand_as(logp)
+
+
+def behaviour_weight(prox_logp, behav_logp, mask, kind: str, cap: float, low: float = 0.5, high: float = 2.0) -> torch.Tensor:
     if kind == "none":
         return torch.ones_like(prox_logp)
     log_ratio = (prox_logp - behav_logp) * mask
@@ -67,6 +87,12 @@ def behaviour_weight(prox_logp, behav_logp, mask, kind: str, cap: float) -> torc
     if kind == "tis_sequence":
         seq = torch.exp(log_ratio.sum(-1, keepdim=True).clamp(max=30.0)).clamp(max=cap)
         return seq.expand_as(prox_logp)
+    if kind == "mask_token":
+        ratio = torch.exp(log_ratio)
+        return ((ratio >= low) & (ratio <= high)).to(prox_logp.dtype)
+    if kind == "mask_sequence":
+        geo = torch.exp(log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1))
+        return ((geo >= low) & (geo <= high)).to(prox_logp.dtype).expand_as(prox_logp)
     raise ValueError(f"unknown behaviour correction {kind!r}; one of {CORRECTIONS}")
 
 
@@ -114,6 +140,8 @@ def policy_loss(
     aggregation: str = "token_mean",
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    mask_low: float = 0.5,
+    mask_high: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """All tensors are [sequences, tokens]; `mask` is 1 on response tokens."""
     mask = mask.to(logp.dtype)
@@ -126,9 +154,11 @@ def policy_loss(
         j = cispo_objective(logp, behav_logp, adv, eps_low, eps_high)
     elif policy == "topr":
         j = topr_objective(logp, behav_logp, adv)
+    elif policy == "gspo":
+        j, ratio = gspo_objective(logp, prox_logp, adv, mask, eps_low, eps_high)
     else:
         raise ValueError(f"unknown policy loss {policy!r}; one of {POLICIES}")
-    weight = behaviour_weight(prox_logp, behav_logp, mask, correction, is_cap).detach()
+    weight = behaviour_weight(prox_logp, behav_logp, mask, correction, is_cap, mask_low, mask_high).detach()
     per_token = -weight * j
     kl = None
     if kl_coef > 0:
@@ -143,6 +173,7 @@ def policy_loss(
         stats = {
             "is_weight_mean": float((weight * mask).sum() / n),
             "is_truncated_frac": float(((raw_is > is_cap).to(mask.dtype) * mask).sum() / n),
+            "masked_frac": float(((weight == 0).to(mask.dtype) * mask).sum() / n),
             "behav_kl": float(((behav_logp - prox_logp) * mask).sum() / n),
             "tokens": float(mask.sum()),
         }

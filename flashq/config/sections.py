@@ -189,13 +189,16 @@ class LossConfig(Section):
 
     advantage: Literal["grpo", "drgrpo", "rloo"] = Field("grpo", description="drgrpo: centred rewards, no std.")
     normalize_std: bool = Field(True, description="grpo only: divide by the group's reward std.")
-    policy: Literal["ppo", "reinforce", "cispo", "topr"] = "ppo"
-    correction: Literal["none", "tis_token", "tis_sequence"] | None = Field(
+    policy: Literal["ppo", "reinforce", "cispo", "topr", "gspo"] = Field("ppo", description="gspo: sequence-level, length-normalised ratio and clip.")
+    correction: Literal["none", "tis_token", "tis_sequence", "mask_token", "mask_sequence"] | None = Field(
         None,
-        description="Truncated IS weight pi_prox/pi_behav for stale samples (ppo + tis_token = decoupled PPO). Unset: "
-        "tis_token for ppo and reinforce, none for cispo and topr (they weight by pi_theta/pi_behav themselves).",
+        description="For stale samples: truncated IS weight pi_prox/pi_behav (ppo + tis_token = decoupled PPO), or masking "
+        "tokens (or sequences, by the geometric mean) whose ratio leaves [mask_low, mask_high]. Unset: tis_token for ppo, "
+        "reinforce and gspo, none for cispo and topr (they weight by pi_theta/pi_behav themselves).",
     )
     is_cap: float = Field(2.0, gt=0, description="Truncation of the behaviour IS weight.")
+    mask_low: float = Field(0.5, gt=0, le=1, description="mask_token / mask_sequence: the least pi_prox/pi_behav kept.")
+    mask_high: float = Field(2.0, ge=1, description="mask_token / mask_sequence: the largest pi_prox/pi_behav kept.")
     clip_eps_low: float = Field(0.2, gt=0, le=1)
     clip_eps_high: float = Field(0.2, gt=0, description="> clip_eps_low is DAPO's clip-higher.")
     dual_clip: float | None = Field(None, gt=1, description="ppo: lower bound c*A on the objective for A < 0.")

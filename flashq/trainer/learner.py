@@ -205,6 +205,8 @@ class Learner:
                     aggregation=lc.aggregation,
                     ref_logp=m.ref,
                     kl_coef=lc.kl_coef,
+                    mask_low=lc.mask_low,
+                    mask_high=lc.mask_high,
                 )
                 (loss * world).backward()
                 loss_sum += loss.item()

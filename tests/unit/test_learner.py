@@ -102,7 +102,8 @@ def test_kl_penalty_loads_a_frozen_reference(tiny_model):
     assert m["loss/ref_kl"] > 0  # the policy has moved away from the reference
 
 
-@pytest.mark.parametrize("policy, correction", [("reinforce", "tis_sequence"), ("cispo", "none"), ("topr", "none")])
+@pytest.mark.parametrize("policy, correction", [("reinforce", "tis_sequence"), ("cispo", "none"), ("topr", "none"),
+                                                ("gspo", "tis_token"), ("ppo", "mask_token"), ("reinforce", "mask_sequence")])
 def test_every_loss_trains(tiny_model, policy, correction):
     cfg = load_config(None, [f"trainer.loss.policy={policy}", f"trainer.loss.correction={correction}", "trainer.loss.advantage=rloo"])
     learner = Learner(cfg, tiny_model)

@@ -132,3 +132,35 @@ def test_unknown_names_are_refused():
         loss_of(x, x, x, x, policy="dpo")
     with pytest.raises(ValueError, match="unknown behaviour correction"):
         loss_of(x, x, x, x, correction="magic")
+
+
+def test_gspo_clips_the_length_normalised_sequence_ratio():
+    # sequence a: token ratios [4, 1] -> s = exp((ln 4 + 0) / 2) = 2; A = +1: min(2, 1.2) = 1.2, clipped (no gradient)
+    # sequence b: token ratios [1.21, 1] -> s = 1.1 (unnormalised it would be 1.21 and clip); A = +1:
+    #   min(1.1, 1.1) = 1.1, d j / d logp_t = s A = 1.1
+    # sequence_mean over 2 sequences: J = ((1.2 + 1.2) / 2 + (1.1 + 1.1) / 2) / 2 = 1.15
+    prox = torch.log(torch.tensor([[0.2, 0.5], [0.4, 0.1]]))
+    logp = (prox + torch.log(torch.tensor([[4.0, 1.0], [1.21, 1.0]]))).requires_grad_()
+    adv = torch.ones(2, 2)
+    loss, stats = policy_loss(logp, prox, prox, adv, torch.ones(2, 2), Normalizer(4, 2, 2), policy="gspo",
+                              correction="none", aggregation="sequence_mean")
+    assert loss.item() == pytest.approx(-1.15)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 0.0], [-0.275, -0.275]]))  # -(1/2)(1/2)(s A) on b, 0 on a
+    assert stats["clip_frac"] == pytest.approx(0.5)  # both tokens of a
+    ppo, _ = policy_loss(logp, prox, prox, adv, torch.ones(2, 2), Normalizer(4, 2, 2), correction="none", aggregation="sequence_mean")
+    assert ppo.item() != pytest.approx(loss.item())  # token ratios clip token by token: a gives (1.2 + 1) / 2
+
+
+def test_masking_drops_tokens_or_sequences_whose_behaviour_ratio_leaves_the_band():
+    # mask_token, band [0.5, 2]: pi_prox/pi_behav = [0.4, 1, 3] -> weights [0, 1, 0]; on-policy ppo: J_t = A = 1
+    prox = torch.log(t(0.2, 0.5, 0.6))
+    behav = prox - torch.log(t(0.4, 1.0, 3.0))
+    loss, stats = loss_of(prox.clone(), prox, behav, t(1.0, 1.0, 1.0), correction="mask_token", mask_low=0.5, mask_high=2.0)
+    assert loss.item() == pytest.approx(-1 / 3)
+    assert stats["masked_frac"] == pytest.approx(2 / 3)
+    # mask_sequence: sequence 1 ratios [0.25, 4] -> geometric mean 1, kept; sequence 2 [4, 4] -> 4, dropped whole
+    prox2 = torch.zeros(2, 2)
+    behav2 = -torch.log(torch.tensor([[0.25, 4.0], [4.0, 4.0]]))
+    w = behaviour_weight(prox2, behav2, torch.ones(2, 2), "mask_sequence", cap=2.0, low=0.5, high=2.0)
+    assert torch.equal(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
