@@ -78,6 +78,12 @@ class FlashqConfig(Section):
                 f"sampling.top_p is {self.sampling.top_p}: vLLM would report logprobs of the top-p truncated "
                 "distribution, which the trainer does not reproduce, so importance weights would be biased; use top_p 1"
             )
+        lc = self.trainer.loss
+        if lc.overlong == "penalty" and not 0 < lc.overlong_margin < self.sampling.max_tokens:
+            raise ValueError(
+                f"trainer.loss.overlong penalty needs 0 < overlong_margin < sampling.max_tokens ({self.sampling.max_tokens}); "
+                f"got {lc.overlong_margin}"
+            )
         fl = self.sampling.forced_lengths
         if self.rollout.scheduler == "oracle" and fl is None:
             raise ValueError("rollout.scheduler 'oracle' needs sampling.forced_lengths (it must know every length)")

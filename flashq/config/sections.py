@@ -204,6 +204,10 @@ class LossConfig(Section):
     dual_clip: float | None = Field(None, gt=1, description="ppo: lower bound c*A on the objective for A < 0.")
     aggregation: Literal["token_mean", "sequence_mean", "token_sum_norm"] = "token_mean"
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model; > 0 loads a frozen reference copy.")
+    overlong: Literal["none", "filter", "penalty"] = Field(
+        "none", description="Truncated responses: keep; leave the loss (DAPO's overlong filtering); or DAPO's soft length penalty."
+    )
+    overlong_margin: int = Field(0, ge=0, description="penalty: the last this many tokens before the limit cost 0 to -1, linearly.")
 
     @model_validator(mode="after")
     def _one_behaviour_weight(self) -> LossConfig:

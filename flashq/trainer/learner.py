@@ -12,11 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import torch
 
 from flashq.algos import advantages as adv_fns
 from flashq.algos.losses import Normalizer, policy_loss
+from flashq.algos.overlong import filtered_loss_mask, soft_overlong_penalty
 from flashq.config import FlashqConfig
 from flashq.protocol import TrainBatch
 from flashq.trainer import parallel
@@ -157,10 +159,16 @@ class Learner:
             raise RuntimeError(f"batch {batch.batch_index} arrived at trainer version {self.version}")
         t0 = time.monotonic()
         tc, lc = self.cfg.trainer, self.cfg.trainer.loss
+        n_seq = len(batch.request_ids)
+        truncated = np.array([f == "length" for f in batch.finish_reasons], bool) if batch.finish_reasons else np.zeros(n_seq, bool)
+        shaped = np.array(batch.rewards, dtype=np.float32)
+        if lc.overlong == "penalty":
+            shaped = shaped + soft_overlong_penalty(trained_lengths(batch), self.max_sample_tokens, lc.overlong_margin)
+        elif lc.overlong == "filter" and truncated.any():
+            batch = msgspec.structs.replace(batch, loss_mask=filtered_loss_mask(batch.loss_mask, batch.response_offsets, truncated))
         rewards = torch.from_numpy(np.array(batch.rewards))
         groups = torch.from_numpy(np.array(batch.group_index, dtype=np.int64))
-        adv = adv_fns.compute(lc.advantage, rewards, groups, lc.normalize_std)
-        n_seq = len(batch.request_ids)
+        adv = adv_fns.compute(lc.advantage, torch.from_numpy(shaped), groups, lc.normalize_std)
         resp_lens = trained_lengths(batch)
 
         minibatches = self._minibatches(n_seq)
@@ -233,7 +241,8 @@ class Learner:
             "advantage/abs_mean": float(adv.abs().mean()) if n_seq else 0.0,
             "response/mean_tokens": float(resp_lens.mean()) if n_seq else 0.0,
             "response/max_tokens": float(resp_lens.max()) if n_seq else 0.0,
-            "response/truncated_frac": float(np.mean([f == "length" for f in batch.finish_reasons])) if n_seq else 0.0,
+            "response/truncated_frac": float(truncated.mean()) if n_seq else 0.0,
+            "reward/shaped_mean": float(shaped.mean()) if n_seq else 0.0,  # with the overlong penalty, if any
             **staleness_stats(batch, self.cfg.staleness_bound),
             "train/seconds": time.monotonic() - t0,
             "train/sequences": float(n_seq),
