@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-MODES = ("none", "filter", "penalty")
-
-
 def soft_overlong_penalty(lengths: np.ndarray, max_len: int, margin: int) -> np.ndarray:
     lengths = np.asarray(lengths, dtype=np.float64)
     start = max_len - margin

@@ -272,12 +272,7 @@ class Learner:
         rank reads the checkpoint (on a filesystem all trainer hosts share)."""
         state = torch.load(directory / "trainer_state.pt", map_location="cpu", weights_only=False)
         if "optimizer" in state:  # written before the optimizer state was sharded: one full copy
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            if self.ranks.sharded:
-                set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
-            else:
-                self.optimizer.load_state_dict(state["optimizer"])
+            parallel.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"], self.ranks)
         else:
             parallel.load_optimizer(self.model, self.optimizer, directory / "optimizer")
         torch.set_rng_state(state["torch_rng"])

@@ -206,6 +206,16 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pat
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"])
 
 
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, ranks: Ranks) -> None:
+    """An optimizer state saved whole (checkpoints from before `save_optimizer`)."""
+    if not ranks.sharded:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
 def barrier(ranks: Ranks) -> None:
     if ranks.sharded:
         dist.barrier()
