@@ -55,7 +55,27 @@ def run_flashq(sft: Path, steps: int, seed: int, run_dir: Path) -> dict:
         raise SystemExit(f"flashq run failed:\n{proc.stdout[-4000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_rows = [r for r in rows if r.get("kind") == "step"]
-    return {"wall_s": wall, "curve": [(r["time"] - t0, r["reward/mean"]) for r in steps_rows]}
+    return {"wall_s": wall, "curve": [(r["time"] - t0, r["reward/mean"]) for r in steps_rows], "breakdown": breakdown(steps_rows)}
+
+
+def breakdown(steps: list[dict]) -> dict[str, float]:
+    """Where a step's time goes in each role, seconds per step over the run after its first
+    10% (start-up and warm-up left out). The engine's busy time includes its pauses for weight
+    pushes, so generating = busy - paused."""
+    a, b = len(steps) // 10, len(steps) - 1
+    per_step = lambda key: (steps[b][key] - steps[a][key]) / (b - a)  # noqa: E731 - counters summed since start
+    mean = lambda key: statistics.mean(r.get(key, 0.0) for r in steps[a:b])  # noqa: E731
+    paused = per_step("rollout/weight_sync_s/rollout-0")
+    return {
+        "step_s": (steps[b]["time"] - steps[a]["time"]) / (b - a),
+        "trainer_compute_s": mean("train/seconds"),
+        "trainer_waits_for_batch_s": mean("trainer/wait_s"),
+        "trainer_waits_for_push_s": mean("trainer/push_wait_s"),
+        "push_s": mean("trainer/weight_sync_s"),
+        "engine_generating_s": per_step("rollout/busy_s_total/rollout-0") - paused,
+        "engine_paused_for_push_s": paused,
+        "engine_idle_s": per_step("rollout/idle_s_total/rollout-0"),
+    }
 
 
 def _trl_main(sft: str, steps: int, seed: int, out: str) -> None:
@@ -176,7 +196,11 @@ def main() -> None:
     figures["versions"]["flashq_commit"] = git_commit()
     print_table("Job A: flashq vs TRL GRPOTrainer", rows, [("system", "system", ""), ("seed", "seed", "d"), ("wall_s", "wall s", ".0f"),
                 ("steps_per_s", "steps/s", ".2f"), ("samples_per_s", "samples/s", ".0f"), ("final_reward", "final reward", ".3f")])
-    print({k: v for k, v in figures.items() if k not in ("settings", "versions")})
+    parts = [{"seed": seed, **r["breakdown"]} for seed, r in enumerate(runs["flashq"])]
+    figures["job_a_flashq_breakdown"] = {k: statistics.mean(p[k] for p in parts) for k in parts[0] if k != "seed"}
+    print_table("Job A: where a flashq step's time goes (s per step, after the first 10%)", parts,
+                [("seed", "seed", "d")] + [(k, k.removesuffix("_s"), ".3f") for k in parts[0] if k != "seed"])
+    print({k: v for k, v in figures.items() if k not in ("settings", "versions", "job_a_flashq_breakdown")})
     plot(runs, ROOT / "docs" / "vs_trl.png")
     write_result("vs_trl", rows, figures, notes="Job A only; job B (a natural long tail) is not built yet.")
     (RESULTS / "vs_trl_curves.json").write_text(json.dumps(runs))

@@ -25,7 +25,7 @@ def samples_of_every_kind() -> list[P.Message]:
         P.Hello("rollout", 0, 1, "h"), P.Start("r", 1, 0), P.Heartbeat(1.0), P.Shutdown("x"), P.Fatal("t", "x"),
         P.GenerateRequest("g1/0", "g1", ids, 8), P.EpisodeRequest("g1/0", "g1", {"id": "t"}, 3, 8), P.Cancel(["g1/0"]),
         sample, P.ScoreRequest(sample, {"answer": "1"}), P.RewardResult("g1/0", 1.0), P.BatchRequest(1),
-        P.StepStats(1, {"loss": 0.1}), P.WeightSyncCall(1, "update_weights", {"names": ["w"]}), P.WeightSyncReply(1, True),
+        P.StepStats(1, {"loss": 0.1}), P.WeightSyncCall(1, "push_weights", {"names": ["w"]}), P.WeightSyncReply(1, True),
         P.WorkerStats("rollout", 0, {"busy_s": 1.0}),
     ]
 

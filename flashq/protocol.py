@@ -260,14 +260,15 @@ class StepStats(Msg, tag="step_stats"):
 
 
 class WeightSyncCall(Msg, tag="wsync_call"):
-    """Trainer -> coordinator -> every rollout worker: one call of vLLM's weight-transfer API
-    (`init_weight_transfer_engine`, `start_weight_update`, `update_weights`,
-    `finish_weight_update`). The coordinator fans it out and gathers the replies."""
+    """Trainer -> coordinator -> every rollout worker: `init_weight_transfer_engine` (join the
+    transfer group) or `push_weights` (one whole update: vLLM's start_weight_update,
+    update_weights and finish_weight_update in one round trip). The coordinator fans it out and
+    gathers the replies."""
 
     call_id: int
     method: str
     payload: Any = None
-    version: int = -1  # finish_weight_update: the version the new weights carry
+    version: int = -1  # push_weights: the version the new weights carry
 
     def validate(self) -> None:
         _require(self.method in WEIGHT_SYNC_METHODS, f"unknown weight sync method {self.method!r}")
@@ -282,7 +283,7 @@ class Regroup(Msg, tag="regroup"):
     reason: str = ""
 
 
-WEIGHT_SYNC_METHODS = ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update")
+WEIGHT_SYNC_METHODS = ("init_weight_transfer_engine", "push_weights")
 
 
 class WeightSyncReply(Msg, tag="wsync_reply"):

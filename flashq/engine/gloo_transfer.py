@@ -225,21 +225,21 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         )
         t0 = time.monotonic()
         self.client.start_weight_update()
-        t1 = time.monotonic()
         pool = ThreadPoolExecutor(max_workers=1)
         try:
             receiving = pool.submit(self.client.update_weights, asdict(info))
             self._broadcast(meta)
-            t2 = time.monotonic()
+            t1 = time.monotonic()
             receiving.result()
         finally:
             # If the broadcast failed the workers are stuck in theirs until gloo's timeout;
             # joining the RPC thread here would only turn the error into a wait.
             pool.shutdown(wait=False)
-        t3 = time.monotonic()
+        t2 = time.monotonic()
         self.client.finish_weight_update()
-        # where a push's time goes: pausing the engines, sending, their loading the last bucket, finishing
-        self.phases = {"start_s": t1 - t0, "send_s": t2 - t1, "drain_s": t3 - t2, "finish_s": time.monotonic() - t3}
+        # where a push's time goes: until the last bucket left (the engines pausing and joining
+        # the broadcast included), then until they had loaded, labelled and resumed
+        self.phases = {"send_s": t1 - t0, "drain_s": t2 - t1, "finish_s": time.monotonic() - t2}
 
     def _broadcast(self, meta) -> None:
         """Bucket k is sent on a helper thread while bucket k+1 is gathered, cast and packed."""

@@ -145,6 +145,7 @@ class RolloutEngine:
             logprobs=0,  # the sampled token's logprob only
             flat_logprobs=True,  # plain float lists instead of a dict per position
             detokenize=False,  # rollout needs ids; the reward worker decodes
+            skip_clone=True,  # made for this request alone: vLLM's per-request deepcopy only costs time
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         t0 = time.monotonic()
@@ -176,13 +177,14 @@ class RolloutEngine:
             raise RuntimeError(f"vLLM returned tokens without a weight-version label: {completion.weight_versions}")
         return versions
 
-    # --- vLLM's weight-transfer API, one call at a time, as the trainer drives it
+    # --- vLLM's weight-transfer API, as the trainer drives it
 
     async def weight_sync(self, method: str, payload, version: int) -> None:
-        from vllm.distributed.weight_transfer.base import (
-            WeightTransferInitRequest,
-            WeightTransferUpdateRequest,
-        )
+        """`init_weight_transfer_engine`: join (or rejoin) the trainer's transfer group.
+        `push_weights`: a whole update in one call (pause with keep, receive while the trainer
+        broadcasts, label the weights `version`, resume), so generation stops only for the
+        transfer itself, not for three round trips through the coordinator."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         llm = self.llm
         if method == "init_weight_transfer_engine":
@@ -193,14 +195,13 @@ class RolloutEngine:
                 await llm.shutdown_weight_transfer_engine()
             await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=payload))
             self.transfer_ready = True
-        elif method == "start_weight_update":
-            await llm.pause_generation(mode="keep", clear_cache=self.recompute_kv)
+        elif method == "push_weights":
+            # the engine core's pause itself: AsyncLLM.pause_generation adds a fixed 20 ms sleep
+            # (to order the outputs of aborted requests; "keep" aborts none) to every push
+            await llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=self.recompute_kv)
             self.update_open = True
-            await llm.start_weight_update()
-        elif method == "update_weights":
-            await llm.update_weights(WeightTransferUpdateRequest(update_info=payload))
-        elif method == "finish_weight_update":
-            await llm.finish_weight_update(weight_version=str(version))
+            await llm.collective_rpc("flashq_push_weights", kwargs={"update_info": payload})
+            await llm.update_weight_version(str(version))
             self.update_open = False
             self.version = version
             await llm.resume_generation()

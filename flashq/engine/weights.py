@@ -23,7 +23,13 @@ Rpc = Callable[[str, Any, int], None]
 
 
 class CoordinatorSyncClient:
-    """`VLLMWeightSyncClient` over flashq's messages; `version` labels the next finish."""
+    """`VLLMWeightSyncClient` over flashq's messages; `version` labels the next push.
+
+    vLLM's trainer engines call start, update (on a helper thread, while they broadcast) and
+    finish. Each flashq call is a round trip through the coordinator to every rollout worker,
+    and the engines are paused from start to finish; so start is folded into update, which the
+    workers answer only once the weights are loaded and labelled (`push_weights`), and finish
+    has nothing left to do. One round trip a push instead of three."""
 
     def __init__(self, rpc: Rpc):
         self.rpc = rpc
@@ -33,13 +39,13 @@ class CoordinatorSyncClient:
         self.rpc("init_weight_transfer_engine", init_info, -1)
 
     def start_weight_update(self) -> None:
-        self.rpc("start_weight_update", None, self.version)
+        """Nothing to send: the workers pause when `push_weights` reaches them."""
 
     def update_weights(self, update_info) -> None:
-        self.rpc("update_weights", update_info, self.version)
+        self.rpc("push_weights", update_info, self.version)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.rpc("finish_weight_update", None, self.version)
+        """Nothing to send: `push_weights` returned once the engines served the new version."""
 
 
 class TrainerSource(ModuleSource):

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 
 class FlashqWorkerExtension:
+    def flashq_push_weights(self, update_info: dict) -> None:
+        """vLLM's start_weight_update, update_weights and finish_weight_update in one call: one
+        trip from the engine core to its workers per push instead of three, all while paused."""
+        self.start_weight_update()
+        self.update_weights(update_info)
+        self.finish_weight_update()
+
     def flashq_abandon_weight_update(self) -> None:
         """Forget a weight update whose push broke off (a rollout worker died mid-way), so the
         next one can start. Layers it had not reloaded stay staged and the next push reloads

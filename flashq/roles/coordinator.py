@@ -267,7 +267,7 @@ class Coordinator:
     def _finish_sync(self, call_id: int, pending: PendingSync) -> None:
         del self.syncs[call_id]
         ok = not pending.errors
-        if ok and pending.call.method == "finish_weight_update":
+        if ok and pending.call.method == "push_weights":
             self.orch.on_weights_served(pending.call.version)
             for worker in sorted(self.awaiting_weights & pending.recipients):  # restarted workers now serve them
                 self.awaiting_weights.discard(worker)

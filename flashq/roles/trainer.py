@@ -1,7 +1,10 @@
 """Trainer process: ask for a batch, take one optimizer step, broadcast the new weights, repeat.
 
 Torch work runs on one executor thread so the event loop keeps answering the socket (heartbeats,
-weight-sync replies) while a step computes. The weight broadcast is vLLM's trainer engine,
+weight-sync replies) while a step computes. On a one-rank trainer the push of version v runs on a
+second thread while step v+1 computes its gradients (which only read the parameters); step v+1
+waits for it just before its optimizer changes them, so a push costs the step only what is left
+of it by then (`trainer/push_wait_s`). The weight broadcast is vLLM's trainer engine,
 whose calls to the inference side come back into this loop as `WeightSyncCall` round trips.
 When the set of rollout workers changes (`Regroup`: one died or a restarted one joined), the
 transfer group is rebuilt for the new set before the next push; a push that fails because a
@@ -48,6 +51,9 @@ class TrainerRole:
         self.regroup: Regroup | None = None  # the newest membership not yet built
         self.regrouped = asyncio.Event()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
+        self.push_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
+        self.pending_push: asyncio.Task | None = None  # the last push, perhaps still running
+        self.push_wait_s = 0.0  # how long the last step's optimizer waited for it
 
     async def run(self) -> None:
         from flashq.trainer.learner import Learner
@@ -81,19 +87,28 @@ class TrainerRole:
         self.pusher = await self._open_pusher(learner, start.inference_world_size)
         log.info("weight transfer group ready (%s)", self.pusher.backend)
         if learner.version > 0:  # resumed: the engines start from the base model; give them ours
-            sync_s = await self._push(learner)
+            sync_s = await self._push(learner, learner.version)
             log.info("engines now serve the checkpoint's weights (version %d, %.2fs)", learner.version, sync_s)
         await self.link.send(BatchRequest(credits=2))  # one batch in hand, one being assembled
+        sync_s = 0.0
         for step in range(learner.version, self.cfg.trainer.steps):
             t_wait = time.monotonic()
             batch = await self._next_batch(learner)
             wait_s = time.monotonic() - t_wait
             if step + 1 < self.cfg.trainer.steps:
                 await self.link.send(BatchRequest(credits=1))
+            self.push_wait_s = 0.0
             metrics = await loop.run_in_executor(self.pool, self._lead, learner, "train", batch)
-            sync_s = await self._push(learner)
-            metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s})
-            metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})
+            if self.pending_push is not None and self.pending_push.done():
+                sync_s = self.pending_push.result()  # the previous version's push, overlapped with this step
+                metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})
+            self.pending_push = asyncio.ensure_future(self._push(learner, learner.version))
+            # a sharded push is every rank's collective: no overlap; the last step's push ends
+            # before its stats tell the coordinator that training is done
+            if learner.ranks.sharded or learner.version == self.cfg.trainer.steps:
+                sync_s = await self._settle_push()
+                metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})
+            metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s, "trainer/push_wait_s": self.push_wait_s})
             record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
             if self._checkpoint_due(learner.version):
                 t0 = time.monotonic()
@@ -101,6 +116,7 @@ class TrainerRole:
                 metrics.update({"checkpoint": 1.0, "trainer/checkpoint_s": time.monotonic() - t0})
             await self.link.send(StepStats(step=learner.version, metrics=_scalars(metrics)))
             log.debug("step %d: reward %.3f, staleness max %d, sync %.2fs", learner.version, metrics["reward/mean"], metrics["staleness/max"], sync_s)
+        await self._settle_push()
         if learner.ranks.sharded:
             await loop.run_in_executor(self.pool, self._lead, learner, "stop", None)
         try:
@@ -108,6 +124,7 @@ class TrainerRole:
         except asyncio.TimeoutError:
             raise PeerLost("trained every step but the coordinator never said shutdown") from None
         await loop.run_in_executor(self.pool, self.pusher.close)
+        self.push_pool.shutdown(wait=False)
 
     async def _next_batch(self, learner) -> TrainBatch:
         """The next batch. If the rollout workers change while waiting, push the current
@@ -115,26 +132,56 @@ class TrainerRole:
         while True:
             get = asyncio.ensure_future(self.batches.get())
             regrouped = asyncio.ensure_future(self.regrouped.wait())
-            done, _ = await asyncio.wait({get, regrouped}, return_when=asyncio.FIRST_COMPLETED)
+            waits = {get, regrouped}
+            pushing = self.pending_push is not None and not self.pending_push.done()
+            if pushing:  # a push that fails while we wait fails the run now, not at the next step
+                waits.add(self.pending_push)
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if get in done:
                 regrouped.cancel()
                 return get.result()
             get.cancel()
+            regrouped.cancel()
+            if pushing and self.pending_push.done():
+                self.pending_push.result()  # raises if it failed
+                continue
             if self.regroup is None:
                 self.regrouped.clear()
                 continue
-            sync_s = await self._push(learner)
+            await self._settle_push()  # it retries on the new group itself
+            sync_s = await self._push(learner, learner.version)
             log.info("version %d pushed to the new group while waiting for a batch (%.2fs)", learner.version, sync_s)
 
-    async def _push(self, learner) -> float:
-        """Push the current weights, first rebuilding the transfer group if the rollout workers
-        changed. If a worker dies mid-push, wait for the coordinator's Regroup and push again."""
+    async def _settle_push(self) -> float:
+        """Wait for the last push, if any; its seconds."""
+        push, self.pending_push = self.pending_push, None
+        return await push if push is not None else 0.0
+
+    def _await_push(self) -> None:
+        """On the torch thread, before the optimizer changes the parameters the last push reads."""
+        push = self.pending_push
+        if push is None:
+            return
+        t0 = time.monotonic()
+
+        async def settled():
+            await asyncio.wait({push})
+
+        asyncio.run_coroutine_threadsafe(settled(), self.loop).result()
+        self.push_wait_s = time.monotonic() - t0
+        push.result()  # a push that failed for good stops the step before the parameters change
+
+    async def _push(self, learner, version: int) -> float:
+        """Push the weights of `version` (the current parameters), first rebuilding the transfer
+        group if the rollout workers changed. If a worker dies mid-push, wait for the
+        coordinator's Regroup and push again."""
         loop, tries = self.loop, 0
+        pool = self.pool if learner.ranks.sharded else self.push_pool  # a sharded push is a collective of every rank
         while True:
             try:
                 if self.regroup is not None:
                     await self._rebuild(learner)
-                return await loop.run_in_executor(self.pool, self._lead, learner, "push", learner.version)
+                return await loop.run_in_executor(pool, self._lead, learner, "push", version)
             except Exception as e:  # noqa: BLE001 - retried only when the worker set changed
                 tries += 1
                 if not self.cfg.fault.restart_workers or tries > 5:
@@ -177,7 +224,7 @@ class TrainerRole:
 
     def _run(self, learner, pusher, kind: str, payload):
         if kind == "train":
-            return learner.train_step(payload)
+            return learner.train_step(payload, self._await_push if learner.ranks.is_leader else None)
         if kind == "push":
             return pusher.push(payload)
         if kind == "save":

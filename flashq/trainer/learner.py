@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 import numpy as np
@@ -154,7 +155,10 @@ class Learner:
                 f"differ by {gap:.3g} from the same sequences apart); set trainer.packing: false for this model"
             )
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, before_update: Callable[[], None] | None = None) -> dict[str, float]:
+        """One policy version. `before_update` runs once, after the first minibatch's gradients
+        and before any parameter changes: the trainer role waits there for the previous weight
+        push, which reads the parameters while this step computes its gradients."""
         if batch.batch_index != self.version:
             raise RuntimeError(f"batch {batch.batch_index} arrived at trainer version {self.version}")
         t0 = time.monotonic()
@@ -228,6 +232,9 @@ class Learner:
             grad_norm = parallel.scalar(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip))
             if not np.isfinite(grad_norm):
                 raise FloatingPointError(f"non-finite gradient norm at version {self.version}; the step was not applied")
+            if before_update is not None:
+                before_update()
+                before_update = None
             self.optimizer.step()
             losses.append(loss_sum)
             grad_norms.append(grad_norm)

@@ -52,7 +52,7 @@ ALL_MESSAGES = [
     P.BatchRequest(2),
     batch(),
     P.StepStats(3, {"loss": 0.5}),
-    P.WeightSyncCall(7, "update_weights", {"names": ["w"], "shapes": [[2, 2]]}, 5),
+    P.WeightSyncCall(7, "push_weights", {"names": ["w"], "shapes": [[2, 2]]}, 5),
     P.WeightSyncReply(7, False, "rollout-1: oops", 0.2),
     P.WorkerStats("rollout", 0, {"tokens": 10.0}),
 ]

@@ -46,6 +46,23 @@ def test_a_step_changes_the_weights_and_bumps_the_version(learner):
     assert m["reward/mean"] == 0.5 and m["train/sequences"] == 4
 
 
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_before_update_runs_once_with_gradients_ready_and_parameters_untouched(tiny_model, minibatches):
+    """The trainer role pushes version v while step v+1 computes, and waits in `before_update`:
+    so the hook must come after the gradients and before the optimizer changes any parameter."""
+    learner = Learner(load_config(None, ["async_ratio=2", f"trainer.minibatches={minibatches}"]), tiny_model)
+    params = list(learner.model.parameters())
+    before = [p.detach().clone() for p in params]
+    calls = []
+
+    def hook():
+        calls.append((all(p.grad is not None for p in params), all(torch.equal(a, b) for a, b in zip(before, params))))
+
+    learner.train_step(make_batch(learner, [1, 0, 0, 1]), before_update=hook)
+    assert calls == [(True, True)]
+    assert any(not torch.equal(a, b) for a, b in zip(before, params))
+
+
 def test_on_policy_batch_has_unit_importance_weights(learner):
     """Behaviour logprobs computed by the same model must line up token for token."""
     m = learner.train_step(make_batch(learner, [1, 0, 1, 0]))
