@@ -69,7 +69,9 @@ def test_async_run_keeps_staleness_bounded_and_trains_every_sample_once(tmp_path
 
 
 def test_sync_run_is_on_policy(tmp_path):
-    proc = launch(tmp_path, ["async_ratio=0", "trainer.steps=4", "rollout.num_workers=1"])
+    """Also the trainer's path that waits for each push before the next step (the async run
+    above overlaps them)."""
+    proc = launch(tmp_path, ["async_ratio=0", "trainer.steps=4", "rollout.num_workers=1", "weight_sync.overlap=false"])
     assert proc.returncode == 0, proc.stdout[-4000:]
     _, trained = check_books(tmp_path, alpha=0, steps=4)
     assert all(version == vmin == vmax for version, _, vmin, vmax in trained)
