@@ -136,6 +136,16 @@ def final_reward(curve: list[tuple[float, float]]) -> float:
     return statistics.mean(tail)
 
 
+def earlier_figures(path: Path) -> list[dict]:
+    """The headline figures of the runs this one replaces, with their commits, kept in the record."""
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    figures = old.get("figures", {})
+    kept = {k: v for k, v in figures.items() if k.startswith("job_") or k == "seeds"}
+    return figures.get("earlier", []) + [{"git_commit": old.get("git_commit"), "date": old.get("date"), "command": old.get("command"), **kept}]
+
+
 def plot(runs: dict, path: Path) -> None:
     import matplotlib
 
@@ -202,6 +212,7 @@ def main() -> None:
                 [("seed", "seed", "d")] + [(k, k.removesuffix("_s"), ".3f") for k in parts[0] if k != "seed"])
     print({k: v for k, v in figures.items() if k not in ("settings", "versions", "job_a_flashq_breakdown")})
     plot(runs, ROOT / "docs" / "vs_trl.png")
+    figures["earlier"] = earlier_figures(RESULTS / "vs_trl.json")
     write_result("vs_trl", rows, figures, notes="Job A only; job B (a natural long tail) is not built yet.")
     (RESULTS / "vs_trl_curves.json").write_text(json.dumps(runs))
 
