@@ -1,17 +1,23 @@
-"""flashq against TRL's GRPOTrainer on the same job, same machine, same run.
+"""flashq against TRL's GRPOTrainer on the same jobs, same machine, same run.
 
-Job A is flashq's quickstart: from the same SFT checkpoint (made once by `flashq sft`), the same
-arithmetic prompts in the same order (task k of seed s), exact-match reward, 8 samples a prompt,
-16 prompts a step, AdamW at a constant lr 1e-4 with gradient clipping 1.0, 6 new tokens at T = 1
-over the whole vocabulary, no KL, group-normalised advantages, a token-mean clipped objective,
-1500 steps. TRL generates with transformers on this CPU (its vLLM paths need vLLM <= 0.31) in one
-process on both cores; flashq runs its quickstart placement (engine on core 0, the trainer,
-coordinator and reward on core 1). Each system's wall time is its RL run alone (the SFT is shared).
+Both systems start from the same SFT checkpoint (made once per job by `flashq sft`) and get the
+same prompts in the same order (task k of seed s, from flashq's own task source), the same reward
+function, 8 samples a prompt, 16 prompts a step, AdamW at a constant lr 1e-4 with gradient
+clipping 1.0, the job's max_tokens at T = 1 over the whole vocabulary, no KL, group-normalised
+advantages and a token-mean clipped objective. TRL generates with transformers on this CPU (its
+vLLM paths need vLLM <= 0.31) in one process on both cores; flashq runs its quickstart placement
+(engine on core 0; trainer, coordinator and reward on core 1). Wall time is each system's whole RL
+command, start-up included (the SFT is shared and not counted).
+
+- Job A, the quickstart job: integer sums, exact match, 6 new tokens, 1500 steps.
+- Job B, a natural long tail (bench/repeat_task.py): write a letter n times, n log-normal, graded
+  reward, 96 new tokens; response lengths come from the prompts and the model.
 
 TRL is a benchmark-only dependency:
 
     .venv/bin/pip install trl==1.16.0 accelerate
-    python bench/vs_trl.py --seeds 3        # writes bench/results/vs_trl.json and docs/vs_trl.png
+    python bench/vs_trl.py --seeds 3              # both jobs: bench/results/vs_trl.json, docs/vs_trl.png
+    python bench/vs_trl.py --jobs b --seeds 3     # one job; the other's figures are kept as they were
 
 The systems take turns, seed by seed, so a drifting host slows both alike.
 """
@@ -31,31 +37,51 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RESULTS, print_table, write_result  # noqa: E402
+from bench.common import RESULTS, git_commit, print_table, write_result  # noqa: E402
 
-PROMPTS_PER_STEP, GROUP, MAX_TOKENS, LR = 16, 8, 6, 1e-4
+CONFIG = ROOT / "configs" / "quickstart.yaml"
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+
+JOBS = {
+    "a": {"title": "Job A (the quickstart job)", "steps": 1500, "speed_bound": 1.0, "gap_bound": 0.03},
+    "b": {"title": "Job B (a natural long tail)", "steps": 300, "speed_bound": 2.5, "gap_bound": 0.05},
+}
 
 
-def make_sft(workdir: Path) -> Path:
-    out = workdir / "sft"
-    cmd = [sys.executable, "-m", "flashq.cli", "sft", "configs/quickstart.yaml", f"sft.output_dir={out}"]
-    subprocess.run(cmd, cwd=ROOT, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+def job_overrides(job: str, work: Path) -> list[str]:
+    """flashq config overrides that make the quickstart config run `job`; TRL reads the same config."""
+    if job == "a":
+        return []
+    from bench.repeat_task import write_tasks
+
+    path = work / "repeat.jsonl"
+    if not path.exists():
+        write_tasks(path, count=20000)
+    return ["task.kind=file", f"task.file.path={path}", "sampling.max_tokens=96", "reward.function=bench.repeat_task:repeat_reward",
+            "sft.steps=60"]
+
+
+def make_sft(job: str, work: Path) -> Path:
+    out = work / f"sft-{job}"
+    cmd = [sys.executable, "-m", "flashq.cli", "sft", str(CONFIG), f"sft.output_dir={out}", *job_overrides(job, work)]
+    subprocess.run(cmd, cwd=ROOT, check=True, env=ENV)
     return out
 
 
-def run_flashq(sft: Path, steps: int, seed: int, run_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "flashq.cli", "launch", "configs/quickstart.yaml", "--no-progress", f"log.run_dir={run_dir}",
-           f"model.name={sft}", "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}",
-           f"trainer.seed={seed}"]
+def run_flashq(job: str, work: Path, sft: Path, steps: int, seed: int) -> dict:
+    run_dir = work / f"flashq-{job}-{seed}"
+    cmd = [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", f"model.name={sft}",
+           "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}", f"trainer.seed={seed}",
+           *job_overrides(job, work)]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
-                          capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"flashq run failed:\n{proc.stdout[-4000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_rows = [r for r in rows if r.get("kind") == "step"]
-    return {"wall_s": wall, "curve": [(r["time"] - t0, r["reward/mean"]) for r in steps_rows], "breakdown": breakdown(steps_rows)}
+    return {"wall_s": wall, "curve": [(r["time"] - t0, r["reward/mean"]) for r in steps_rows], "breakdown": breakdown(steps_rows),
+            "lengths": response_lengths(run_dir / "trained.jsonl", steps)}
 
 
 def breakdown(steps: list[dict]) -> dict[str, float]:
@@ -78,24 +104,42 @@ def breakdown(steps: list[dict]) -> dict[str, float]:
     }
 
 
-def _trl_main(sft: str, steps: int, seed: int, out: str) -> None:
-    """One TRL run (in its own process, so each system starts cold)."""
+def response_lengths(trained: Path, steps: int) -> dict[str, float]:
+    """Median and p99 of the response lengths flashq trained in the first 10% of steps (the SFT
+    policy's, before RL changed them), from the trainer's record of what it trained."""
+    lengths = []
+    for line in trained.read_text().splitlines():
+        record = json.loads(line)
+        if record["trainer_version"] < max(steps // 10, 1):
+            lengths += [n for _, _, _, n in record["requests"]]
+    q = statistics.quantiles(lengths, n=100)
+    return {"median": statistics.median(lengths), "p99": q[98], "samples": len(lengths)}
+
+
+def _trl_main(job: str, work: str, sft: str, steps: int, seed: int, out: str) -> None:
+    """One TRL run (in its own process, so each system starts cold), configured from the same
+    flashq config: its task source gives the prompts in order, its reward function scores."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from flashq.config import ArithmeticConfig
-    from flashq.data.arithmetic import ArithmeticTasks
+    from flashq.config import load_config
+    from flashq.data import chat_messages, make_task_source
+    from flashq.rewards import load_reward_fn
 
     torch.set_num_threads(2)
-    source = ArithmeticTasks(ArithmeticConfig(min_value=0, max_value=20, operators=["+"]), seed)
-    tasks = [source.task(k) for k in range(steps * PROMPTS_PER_STEP)]
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": t["prompt"]}], "answer": t["answer"]} for t in tasks])
+    cfg = load_config(CONFIG, [*job_overrides(job, Path(work)), f"task.seed={seed}"])
+    per_step, group = cfg.trainer.batch_groups, cfg.sampling.group_size
+    source = make_task_source(cfg.task)
+    tasks = [source.task(k) for k in range(steps * per_step)]
+    data = Dataset.from_list([{"prompt": chat_messages(t, cfg.task.system_prompt), "task": json.dumps(t)} for t in tasks])
+    score = load_reward_fn(cfg.reward.function)
 
-    def exact_match(completions, answer, **_):
-        return [1.0 if c[0]["content"].strip() == a.strip() else 0.0 for c, a in zip(completions, answer)]
+    def reward(completions, task, **_):
+        return [float(score(json.loads(t), c[0]["content"])) for c, t in zip(completions, task)]
 
+    reward.__name__ = cfg.reward.function.rpartition(":")[2]
     curve: list[tuple[float, float]] = []
     t0 = time.time()
 
@@ -107,22 +151,22 @@ def _trl_main(sft: str, steps: int, seed: int, out: str) -> None:
     config = GRPOConfig(
         output_dir=str(Path(out).parent / "trl-out"), seed=seed, use_cpu=True, bf16=False, report_to="none",
         save_strategy="no", logging_steps=1, max_steps=steps, shuffle_dataset=False,
-        per_device_train_batch_size=PROMPTS_PER_STEP * GROUP, gradient_accumulation_steps=1, num_generations=GROUP,
-        max_completion_length=MAX_TOKENS, temperature=1.0, top_k=0, top_p=1.0, beta=0.0, epsilon=0.2,
-        learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
+        per_device_train_batch_size=per_step * group, gradient_accumulation_steps=1, num_generations=group,
+        max_completion_length=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature, top_k=0, top_p=1.0, beta=0.0,
+        epsilon=0.2, learning_rate=cfg.trainer.lr, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=cfg.trainer.grad_clip,
         loss_type="dapo", scale_rewards="group", dataloader_num_workers=0,
     )
-    trainer = GRPOTrainer(model=sft, reward_funcs=exact_match, args=config, train_dataset=data, callbacks=[Clock()])
+    trainer = GRPOTrainer(model=sft, reward_funcs=reward, args=config, train_dataset=data, callbacks=[Clock()])
     trainer.train()
     Path(out).write_text(json.dumps({"wall_s": time.time() - t0, "curve": curve}))
 
 
-def run_trl(sft: Path, steps: int, seed: int, workdir: Path) -> dict:
-    out = workdir / f"trl-{seed}.json"
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.vs_trl import _trl_main; _trl_main({str(sft)!r}, {steps}, {seed}, {str(out)!r})"
+def run_trl(job: str, work: Path, sft: Path, steps: int, seed: int) -> dict:
+    out = work / f"trl-{job}-{seed}.json"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.vs_trl import _trl_main; "
+            f"_trl_main({job!r}, {str(work)!r}, {str(sft)!r}, {steps}, {seed}, {str(out)!r})")
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
     if proc.returncode != 0:
         raise SystemExit(f"TRL run failed:\n{proc.stderr[-4000:]}")
     inner = json.loads(out.read_text())
@@ -136,85 +180,122 @@ def final_reward(curve: list[tuple[float, float]]) -> float:
     return statistics.mean(tail)
 
 
-def earlier_figures(path: Path) -> list[dict]:
-    """The headline figures of the runs this one replaces, with their commits, kept in the record."""
-    if not path.exists():
-        return []
-    old = json.loads(path.read_text())
-    figures = old.get("figures", {})
-    kept = {k: v for k, v in figures.items() if k.startswith("job_") or k == "seeds"}
-    return figures.get("earlier", []) + [{"git_commit": old.get("git_commit"), "date": old.get("date"), "command": old.get("command"), **kept}]
-
-
-def plot(runs: dict, path: Path) -> None:
+def plot(curves: dict, path: Path) -> None:
+    """Reward against wall time, one panel per job, every seed of both systems."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for system, color in (("flashq", "tab:blue"), ("trl", "tab:orange")):
-        for i, run in enumerate(runs[system]):
-            t = [x for x, _ in run["curve"]]
-            r = [y for _, y in run["curve"]]
-            w = 50
-            smooth = [statistics.mean(r[max(0, k - w + 1) : k + 1]) for k in range(len(r))]
-            ax.plot([x / 60 for x in t], smooth, color=color, alpha=0.9, label=system if i == 0 else None)
-    ax.set_xlabel("wall time (min)")
-    ax.set_ylabel("mean reward (50-step moving mean)")
-    ax.set_title("Job A (the quickstart job): flashq vs TRL GRPOTrainer, 2 CPU cores")
-    ax.legend()
+    jobs = sorted(curves)
+    fig, axes = plt.subplots(1, len(jobs), figsize=(7 * len(jobs), 4), squeeze=False)
+    for ax, job in zip(axes[0], jobs):
+        for system, color in (("flashq", "tab:blue"), ("trl", "tab:orange")):
+            for i, run in enumerate(curves[job][system]):
+                t = [x for x, _ in run["curve"]]
+                r = [y for _, y in run["curve"]]
+                w = max(len(r) // 30, 1)
+                smooth = [statistics.mean(r[max(0, k - w + 1) : k + 1]) for k in range(len(r))]
+                ax.plot([x / 60 for x in t], smooth, color=color, alpha=0.9, label=system if i == 0 else None)
+        ax.set_xlabel("wall time (min)")
+        ax.set_ylabel(f"mean reward ({w}-step moving mean)")
+        ax.set_title(f"{JOBS[job]['title']}, 2 CPU cores")
+        ax.legend()
+    fig.suptitle("flashq vs TRL GRPOTrainer")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def job_figures(job: str, rows: list[dict], runs: dict) -> dict:
+    mean = lambda system, key: statistics.mean(r[key] for r in rows if r["system"] == system)  # noqa: E731
+    parts = [r["breakdown"] for r in runs["flashq"]]
+    lengths = [r["lengths"] for r in runs["flashq"]]
+    return {
+        f"job_{job}_seeds": len(runs["flashq"]),
+        f"job_{job}_steps": rows[0]["steps"],
+        f"job_{job}_speed_vs_trl": mean("flashq", "steps_per_s") / mean("trl", "steps_per_s"),
+        f"job_{job}_speed_bound": JOBS[job]["speed_bound"],
+        f"job_{job}_final_reward_gap_vs_trl": mean("trl", "final_reward") - mean("flashq", "final_reward"),
+        f"job_{job}_final_reward_gap_bound": JOBS[job]["gap_bound"],
+        f"job_{job}_flashq_breakdown": {k: statistics.mean(p[k] for p in parts) for k in parts[0]},
+        f"job_{job}_response_length_median": statistics.mean(x["median"] for x in lengths),
+        f"job_{job}_response_length_p99": statistics.mean(x["p99"] for x in lengths),
+    }
+
+
+def previous(path: Path) -> dict:
+    """The result this run updates: rows and figures of jobs not run now stay, tagged with their commit."""
+    if not path.exists():
+        return {"rows": [], "figures": {}, "git_commit": None}
+    old = json.loads(path.read_text())
+    if "seeds" in old.get("figures", {}):  # written when job A was the only job
+        old["figures"].setdefault("job_a_seeds", old["figures"].pop("seeds"))
+    rows = [{"job": "a", "git_commit": old.get("git_commit"), **r} for r in old.get("results", [])]
+    return {"rows": rows, "figures": old.get("figures", {}), "git_commit": old.get("git_commit"), "date": old.get("date"),
+            "command": old.get("command"), "curves": json.loads((RESULTS / "vs_trl_curves.json").read_text())
+            if (RESULTS / "vs_trl_curves.json").exists() else {}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=sorted(JOBS))
+    ap.add_argument("--steps-a", type=int, default=JOBS["a"]["steps"])
+    ap.add_argument("--steps-b", type=int, default=JOBS["b"]["steps"])
     args = ap.parse_args()
     import trl
 
+    steps = {"a": args.steps_a, "b": args.steps_b}
+    commit = git_commit()
+    old = previous(RESULTS / "vs_trl.json")
+    old_curves = old["curves"] if "a" in old["curves"] or "b" in old["curves"] else {"a": old["curves"]} if old["curves"] else {}
+    rows = [r for r in old["rows"] if r["job"] not in args.jobs]
+    figures = {k: v for k, v in old["figures"].items() if k.startswith("job_") and k[4] not in args.jobs}
+    curves = {job: c for job, c in old_curves.items() if job not in args.jobs}
     with tempfile.TemporaryDirectory(prefix="flashq-vs-trl-") as tmp:
         work = Path(tmp)
-        sft = make_sft(work)
-        runs: dict[str, list[dict]] = {"flashq": [], "trl": []}
-        for seed in range(args.seeds):  # the systems take turns
-            runs["trl"].append(run_trl(sft, args.steps, seed, work))
-            runs["flashq"].append(run_flashq(sft, args.steps, seed, work / f"flashq-{seed}"))
-
-    rows = []
-    for system, rs in runs.items():
-        for seed, r in enumerate(rs):
-            rows.append({"system": system, "seed": seed, "wall_s": r["wall_s"], "steps_per_s": args.steps / r["wall_s"],
-                         "samples_per_s": args.steps * PROMPTS_PER_STEP * GROUP / r["wall_s"], "final_reward": final_reward(r["curve"])})
-    mean = lambda system, key: statistics.mean(r[key] for r in rows if r["system"] == system)  # noqa: E731
-    figures = {
-        "seeds": args.seeds,
-        "job_a_speed_vs_trl": mean("flashq", "steps_per_s") / mean("trl", "steps_per_s"),
-        "job_a_speed_bound": 1.0,
-        "job_a_final_reward_gap_vs_trl": mean("trl", "final_reward") - mean("flashq", "final_reward"),
-        "job_a_final_reward_gap_bound": 0.03,
-        "versions": {"trl": trl.__version__, "flashq_commit": None},
-        "settings": {"prompts_per_step": PROMPTS_PER_STEP, "samples_per_prompt": GROUP, "max_tokens": MAX_TOKENS, "lr": LR,
-                     "steps": args.steps, "trl": "GRPOConfig(loss_type=dapo, scale_rewards=group, beta=0, top_k=0, "
-                     "lr_scheduler_type=constant, use_cpu, 2 torch threads, transformers generate)",
-                     "flashq": "configs/quickstart.yaml (async_ratio 2, ppo + tis_token, token_mean), SFT warm start replaced by the shared checkpoint"},
+        for job in args.jobs:
+            sft = make_sft(job, work)
+            runs: dict[str, list[dict]] = {"flashq": [], "trl": []}
+            for seed in range(args.seeds):  # the systems take turns
+                runs["trl"].append(run_trl(job, work, sft, steps[job], seed))
+                runs["flashq"].append(run_flashq(job, work, sft, steps[job], seed))
+            new_rows = []
+            for system, rs in runs.items():
+                for seed, r in enumerate(rs):
+                    new_rows.append({"job": job, "git_commit": commit, "system": system, "seed": seed, "steps": steps[job],
+                                     "wall_s": r["wall_s"], "steps_per_s": steps[job] / r["wall_s"],
+                                     "samples_per_s": steps[job] * 16 * 8 / r["wall_s"], "final_reward": final_reward(r["curve"])})
+            rows += new_rows
+            figures.update(job_figures(job, new_rows, runs))
+            curves[job] = {s: [{"curve": r["curve"]} for r in rs] for s, rs in runs.items()}
+            print_table(f"{JOBS[job]['title']}: flashq vs TRL GRPOTrainer", new_rows,
+                        [("system", "system", ""), ("seed", "seed", "d"), ("wall_s", "wall s", ".0f"), ("steps_per_s", "steps/s", ".2f"),
+                         ("samples_per_s", "samples/s", ".0f"), ("final_reward", "final reward", ".3f")])
+            parts = [{"seed": seed, **r["breakdown"]} for seed, r in enumerate(runs["flashq"])]
+            print_table(f"{JOBS[job]['title']}: where a flashq step's time goes (s per step, after the first 10%)", parts,
+                        [("seed", "seed", "d")] + [(k, k.removesuffix("_s"), ".3f") for k in parts[0] if k != "seed"])
+    figures["versions"] = {"trl": trl.__version__, "flashq_commit": commit}
+    figures["settings"] = {
+        "both": "configs/quickstart.yaml with each job's overrides (bench/vs_trl.py job_overrides): 16 prompts x 8 samples a step, "
+                "lr 1e-4 constant, grad clip 1.0, T = 1, no KL, group-normalised advantages, token-mean clipped loss",
+        "trl": "GRPOConfig(loss_type=dapo, scale_rewards=group, beta=0, top_k=0, lr_scheduler_type=constant, use_cpu), "
+               "2 torch threads, transformers generate",
+        "flashq": "async_ratio 2, ppo + tis_token, token_mean; engine on core 0, trainer/coordinator/reward on core 1; "
+                  "SFT warm start replaced by the shared checkpoint",
+        "job_b": "task.kind=file (20,000 tasks from bench/repeat_task.py), sampling.max_tokens=96, "
+                 "reward.function=bench.repeat_task:repeat_reward, sft.steps=60",
     }
-    from bench.common import git_commit
-
-    figures["versions"]["flashq_commit"] = git_commit()
-    print_table("Job A: flashq vs TRL GRPOTrainer", rows, [("system", "system", ""), ("seed", "seed", "d"), ("wall_s", "wall s", ".0f"),
-                ("steps_per_s", "steps/s", ".2f"), ("samples_per_s", "samples/s", ".0f"), ("final_reward", "final reward", ".3f")])
-    parts = [{"seed": seed, **r["breakdown"]} for seed, r in enumerate(runs["flashq"])]
-    figures["job_a_flashq_breakdown"] = {k: statistics.mean(p[k] for p in parts) for k in parts[0] if k != "seed"}
-    print_table("Job A: where a flashq step's time goes (s per step, after the first 10%)", parts,
-                [("seed", "seed", "d")] + [(k, k.removesuffix("_s"), ".3f") for k in parts[0] if k != "seed"])
-    print({k: v for k, v in figures.items() if k not in ("settings", "versions", "job_a_flashq_breakdown")})
-    plot(runs, ROOT / "docs" / "vs_trl.png")
-    figures["earlier"] = earlier_figures(RESULTS / "vs_trl.json")
-    write_result("vs_trl", rows, figures, notes="Job A only; job B (a natural long tail) is not built yet.")
-    (RESULTS / "vs_trl_curves.json").write_text(json.dumps(runs))
+    figures["earlier"] = old["figures"].get("earlier", []) + (
+        [{"git_commit": old["git_commit"], "date": old.get("date"), "command": old.get("command"),
+          **{k: v for k, v in old["figures"].items() if k.startswith("job_") and k[4] in args.jobs and not isinstance(v, dict)}}]
+        if old["git_commit"] else [])
+    for k, v in figures.items():
+        if k.startswith("job_") and not isinstance(v, dict):
+            print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+    plot(curves, ROOT / "docs" / "vs_trl.png")
+    write_result("vs_trl", rows, figures, notes="Each row carries the commit it ran at; figures.earlier keeps what reruns replaced.")
+    (RESULTS / "vs_trl_curves.json").write_text(json.dumps(curves))
 
 
 if __name__ == "__main__":
