@@ -286,10 +286,9 @@ def main() -> None:
         "job_b": "task.kind=file (20,000 tasks from bench/repeat_task.py), sampling.max_tokens=96, "
                  "reward.function=bench.repeat_task:repeat_reward, sft.steps=60",
     }
+    replaced = {k: v for k, v in old["figures"].items() if k.startswith("job_") and k[4] in args.jobs and not isinstance(v, dict)}
     figures["earlier"] = old["figures"].get("earlier", []) + (
-        [{"git_commit": old["git_commit"], "date": old.get("date"), "command": old.get("command"),
-          **{k: v for k, v in old["figures"].items() if k.startswith("job_") and k[4] in args.jobs and not isinstance(v, dict)}}]
-        if old["git_commit"] else [])
+        [{"git_commit": old["git_commit"], "date": old.get("date"), "command": old.get("command"), **replaced}] if replaced else [])
     for k, v in figures.items():
         if k.startswith("job_") and not isinstance(v, dict):
             print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
