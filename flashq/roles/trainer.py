@@ -4,8 +4,8 @@ Torch work runs on one executor thread so the event loop keeps answering the soc
 weight-sync replies) while a step computes. With `weight_sync.overlap` (one-rank trainer) the
 push of version v runs on a second thread while step v+1 computes its gradients (which only read
 the parameters); step v+1 waits for it just before its optimizer changes them, so a push costs the
-step only what is left of it by then (`trainer/push_wait_s`). The weight broadcast is vLLM's trainer engine,
-whose calls to the inference side come back into this loop as `WeightSyncCall` round trips.
+step only what is left of it by then (`trainer/push_wait_s`). The weight broadcast is vLLM's
+trainer engine, whose calls to the inference side come back into this loop as `WeightSyncCall` round trips.
 When the set of rollout workers changes (`Regroup`: one died or a restarted one joined), the
 transfer group is rebuilt for the new set before the next push; a push that fails because a
 worker died mid-way is retried on the rebuilt group.
@@ -177,7 +177,7 @@ class TrainerRole:
         group if the rollout workers changed. If a worker dies mid-push, wait for the
         coordinator's Regroup and push again."""
         loop, tries = self.loop, 0
-        pool = self.pool if learner.ranks.sharded else self.push_pool  # a sharded push is a collective of every rank
+        pool = self._pushing_thread(learner)
         while True:
             try:
                 if self.regroup is not None:
@@ -193,13 +193,19 @@ class TrainerRole:
                 except asyncio.TimeoutError:
                     raise RuntimeError(f"weight push {learner.version} failed and no rollout worker was lost: {e}") from e
 
+    def _pushing_thread(self, learner) -> ThreadPoolExecutor:
+        """Where pushes and transfer-group rebuilds run: the torch thread on a sharded trainer (a
+        push is a collective of every rank, between steps); else a thread of their own, so a
+        push retried on a rebuilt group never waits for a step that waits for the push."""
+        return self.pool if learner.ranks.sharded else self.push_pool
+
     async def _open_pusher(self, learner, inference_world_size: int):
         """The trainer's end of a weight-transfer group with the engines, hosted on self.port."""
         from flashq.engine.weights import WeightPusher
 
         ws = self.cfg.weight_sync
         return await self.loop.run_in_executor(
-            self.pool,
+            self._pushing_thread(learner),
             lambda: WeightPusher(ws, learner.model, self._rpc, inference_world_size, self.port, learner.device, wire_dtype=engine_dtype(self.cfg)),
         )
 
@@ -207,7 +213,7 @@ class TrainerRole:
         regroup, self.regroup = self.regroup, None
         self.regrouped.clear()
         ws = self.cfg.weight_sync
-        await self.loop.run_in_executor(self.pool, self.pusher.close)
+        await self.loop.run_in_executor(self._pushing_thread(learner), self.pusher.close)
         self.port = ws.port or free_port(ws.host)  # a fresh rendezvous: the old store may linger
         try:
             self.pusher = await self._open_pusher(learner, regroup.inference_world_size)
