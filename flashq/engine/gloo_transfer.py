@@ -235,11 +235,10 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             # If the broadcast failed the workers are stuck in theirs until gloo's timeout;
             # joining the RPC thread here would only turn the error into a wait.
             pool.shutdown(wait=False)
-        t2 = time.monotonic()
         self.client.finish_weight_update()
         # where a push's time goes: until the last bucket left (the engines pausing and joining
         # the broadcast included), then until they had loaded, labelled and resumed
-        self.phases = {"send_s": t1 - t0, "drain_s": t2 - t1, "finish_s": time.monotonic() - t2}
+        self.phases = {"send_s": t1 - t0, "drain_s": time.monotonic() - t1}
 
     def _broadcast(self, meta) -> None:
         """Bucket k is sent on a helper thread while bucket k+1 is gathered, cast and packed."""

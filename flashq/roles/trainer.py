@@ -5,7 +5,8 @@ weight-sync replies) while a step computes. With `weight_sync.overlap` (one-rank
 push of version v runs on a second thread while step v+1 computes its gradients (which only read
 the parameters); step v+1 waits for it just before its optimizer changes them, so a push costs the
 step only what is left of it by then (`trainer/push_wait_s`). The weight broadcast is vLLM's
-trainer engine, whose calls to the inference side come back into this loop as `WeightSyncCall` round trips.
+trainer engine, whose calls to the inference side come back into this loop as `WeightSyncCall`
+round trips.
 When the set of rollout workers changes (`Regroup`: one died or a restarted one joined), the
 transfer group is rebuilt for the new set before the next push; a push that fails because a
 worker died mid-way is retried on the rebuilt group.
@@ -101,14 +102,13 @@ class TrainerRole:
             metrics = await loop.run_in_executor(self.pool, self._lead, learner, "train", batch)
             if self.pending_push is not None and self.pending_push.done():
                 sync_s = self.pending_push.result()  # the previous version's push, overlapped with this step
-                metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})
             self.pending_push = asyncio.ensure_future(self._push(learner, learner.version))
             # a sharded push is every rank's collective: no overlap; the last step's push ends
             # before its stats tell the coordinator that training is done
             overlap = self.cfg.weight_sync.overlap and not learner.ranks.sharded
             if not overlap or learner.version == self.cfg.trainer.steps:
                 sync_s = await self._settle_push()
-                metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})
+            metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})  # the last finished push's
             metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s, "trainer/push_wait_s": self.push_wait_s})
             record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
             if self._checkpoint_due(learner.version):
