@@ -249,6 +249,12 @@ class TrainerConfig(Section):
         description="Pack sequences into rows without padding (position ids restart per sequence; checked against the model "
         "at start). Pays with varlen attention (flash-attention); sdpa computes attention over whole rows.",
     )
+    share_prompts: bool | None = Field(
+        None,
+        description="Run each distinct prompt's forward once per micro-batch and its responses against its cached keys and "
+        "values (trainer/shared_prompts.py). None: on unless gradient checkpointing or packing is, and if the model "
+        "gives the same logprobs both ways at start.",
+    )
     minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
     keep_checkpoints: int = Field(2, ge=1)
@@ -259,6 +265,9 @@ class TrainerConfig(Section):
     def _precision(self) -> TrainerConfig:
         if self.param_dtype == "bfloat16" and self.compute_dtype == "float32":
             raise ValueError("trainer.compute_dtype float32 with param_dtype bfloat16 computes above the weights' precision")
+        if self.share_prompts and (self.gradient_checkpointing or self.packing):
+            other = "gradient_checkpointing (transformers drops the KV cache it needs)" if self.gradient_checkpointing else "packing"
+            raise ValueError(f"trainer.share_prompts cannot be combined with trainer.{other}")
         return self
 
 

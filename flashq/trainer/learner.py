@@ -8,6 +8,7 @@ take several optimizer steps (`trainer.minibatches`), after which the weights ar
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,9 @@ from flashq.protocol import TrainBatch
 from flashq.trainer import parallel
 from flashq.trainer.logprobs import install_logprob_head, token_logprobs
 from flashq.trainer.packing import PackedRows, check_isolation, first_fit_rows, pack, unpack
+from flashq.trainer.shared_prompts import SharedPromptRows, check_sharing, distinct_prompts, layout, shared_cost, shared_token_logprobs
+
+log = logging.getLogger(__name__)
 
 
 def pick_device(requested: str) -> torch.device:
@@ -40,20 +44,25 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class MicroBatch:
-    """One row per sequence for the loss; the forward runs on `packed` rows when packing."""
+    """One row per sequence for the loss; the forward runs on `packed` rows when packing, and
+    on `shared` prompt and response passes when prompts are shared (then the loss's rows hold
+    the responses alone: [S, R], column t for response token t)."""
 
-    ids: torch.Tensor | None  # [S, T] padded (None when packed)
+    ids: torch.Tensor | None  # [S, T] padded (None when packed or shared)
     attn: torch.Tensor | None
     mask: torch.Tensor  # [S, T-1], 1 on response tokens
     behav: torch.Tensor  # behaviour logprobs, aligned with mask
     adv: torch.Tensor  # [S]
-    tokens: int  # real tokens (prompts and responses)
+    tokens: int  # real tokens the forward computes (prompts and responses)
     packed: PackedRows | None = None
     prox: torch.Tensor | None = None
     ref: torch.Tensor | None = None
+    shared: SharedPromptRows | None = None
 
     @property
     def computed_tokens(self) -> int:
+        if self.shared is not None:
+            return self.shared.computed_tokens
         return self.packed.computed_tokens if self.packed is not None else int(self.ids.numel())
 
 
@@ -112,6 +121,7 @@ class Learner:
             self.banned = torch.tensor(stop_token_ids(model_path), dtype=torch.long, device=self.device)
         if tc.packing:
             self._check_packing()
+        self.share_prompts = self._check_sharing()
         # Dr. GRPO's constant: the most tokens one sample can train (an episode has several turns)
         self.max_sample_tokens = cfg.sampling.max_tokens * (cfg.env.max_turns if cfg.env is not None else 1)
 
@@ -137,6 +147,8 @@ class Learner:
     def logprobs(self, model, micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs and entropies of a micro-batch's trained tokens under `model`, [S, T-1]."""
         with self._autocast():
+            if micro.shared is not None:
+                return shared_token_logprobs(model, micro.shared, micro.mask > 0, self.temperature, self.banned)
             p = micro.packed
             if p is None:
                 return token_logprobs(model, micro.ids, micro.attn, self.temperature, micro.mask > 0, self.banned)
@@ -154,6 +166,31 @@ class Learner:
                 f"trainer.packing: {type(self.model).__name__} lets packed sequences attend to each other (logprobs "
                 f"differ by {gap:.3g} from the same sequences apart); set trainer.packing: false for this model"
             )
+
+    def _check_sharing(self) -> bool:
+        """Whether to share prompt passes (`trainer.share_prompts`): asked for, or by default
+        where nothing rules it out and the model gives the same logprobs both ways."""
+        tc = self.cfg.trainer
+        if tc.share_prompts is False or (tc.share_prompts is None and (tc.gradient_checkpointing or tc.packing)):
+            return False
+
+        def logprobs(ids, attn):
+            return token_logprobs(self.model, ids, attn, 1.0)[0]
+
+        name = type(self.model).__name__
+        try:
+            gap = check_sharing(self.model, logprobs, self.model.config.vocab_size, self.device)
+            why = f"{name} gives logprobs {gap:.3g} apart with shared prompt passes"
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:  # e.g. a cache that cannot be repeated per sample
+            gap, why = float("inf"), f"{name} fails with shared prompt passes ({type(e).__name__}: {e})"[:400]
+        if self.ranks.sharded:  # FSDP2 leaves the root's parameters gathered after a forward without backward
+            self.model.reshard()
+        if gap <= 1e-3:
+            return True
+        if tc.share_prompts:
+            raise ValueError(f"trainer.share_prompts: {why}; set trainer.share_prompts: false for this model")
+        log.info("not sharing prompt passes: %s", why)
+        return False
 
     def train_step(self, batch: TrainBatch, before_update: Callable[[], None] | None = None) -> dict[str, float]:
         """One policy version. `before_update` runs once, after the first minibatch's gradients
@@ -223,12 +260,13 @@ class Learner:
                 (loss * world).backward()
                 loss_sum += loss.item()
                 tokens = stats.pop("tokens")
-                if tokens > 0:  # a rank's padding micro-batch has none
-                    stats["entropy"] = float((entropy * m.mask).sum()) / tokens
-                    # token-weighted over the whole batch: the shares of all minibatches add up to 1
-                    share = tokens / max(float(resp_lens.sum()), 1.0)
-                    for k, v in stats.items():
-                        totals[k] = totals.get(k, 0.0) + v * share
+                stats["entropy"] = float((entropy * m.mask).sum()) / max(tokens, 1)
+                # token-weighted over the whole batch: the shares of all minibatches add up to 1. A
+                # rank's padding micro-batch has no tokens; it adds zeros under the same names, so
+                # every rank sums the same keys
+                share = tokens / max(float(resp_lens.sum()), 1.0)
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + (v * share if tokens > 0 else 0.0)
             grad_norm = parallel.scalar(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip))
             if not np.isfinite(grad_norm):
                 raise FloatingPointError(f"non-finite gradient norm at version {self.version}; the step was not applied")
@@ -296,7 +334,15 @@ class Learner:
         lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
         if not self.ranks.sharded:
             return [self._micro(batch, chunk, adv, int(lens[indices].max())) for chunk in self._micro_batches(batch, indices)]
-        per_rank = parallel.shares(indices, lens[indices], self.ranks.world_size)
+        if self.share_prompts:  # a prompt's sequences stay on one rank, which computes its prompt once
+            _, prompt_of = distinct_prompts([batch.prompt_ids[batch.prompt_offsets[i] : batch.prompt_offsets[i + 1]] for i in indices])
+            units = [indices[prompt_of == k] for k in range(prompt_of.max() + 1)]
+            r_lens = np.diff(batch.response_offsets)
+            cost = np.array([lens[u[0]] + (len(u) - 1) * r_lens[u].max() for u in units])
+            per_rank = [np.sort(np.concatenate([units[k] for k in share] or [np.zeros(0, np.int64)]))
+                        for share in parallel.shares(np.arange(len(units)), cost, self.ranks.world_size)]
+        else:
+            per_rank = parallel.shares(indices, lens[indices], self.ranks.world_size)
         counts = [len(self._micro_batches(batch, share)) if len(share) else 0 for share in per_rank]
         mine = per_rank[self.ranks.rank]
         micros = [self._micro(batch, chunk, adv, int(lens[mine].max())) for chunk in self._micro_batches(batch, mine)] if len(mine) else []
@@ -313,6 +359,8 @@ class Learner:
         lens = (np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets))[indices]
         budget = self.cfg.trainer.micro_batch_tokens
         chunks, current = [], []
+        if self.share_prompts:
+            return self._shared_micro_batches(batch, indices, budget)
         if not self.cfg.trainer.packing:
             longest = 0
             for j in np.argsort(lens, kind="stable"):
@@ -331,9 +379,27 @@ class Learner:
             chunks.append(np.array(current))
         return chunks
 
+    @staticmethod
+    def _shared_micro_batches(batch: TrainBatch, indices: np.ndarray, budget: int) -> list[np.ndarray]:
+        """Chunks of `indices` in batch order (a group's sequences are neighbours) whose two
+        passes compute at most `budget` tokens (or one sequence)."""
+        po, ro = batch.prompt_offsets, batch.response_offsets
+        prompts = [batch.prompt_ids[po[i] : po[i + 1]] for i in indices]
+        _, prompt_of = distinct_prompts(prompts)
+        p_lens, r_lens = np.diff(po)[indices], np.diff(ro)[indices]
+        chunks, start = [], 0
+        for end in range(1, len(indices) + 1):
+            if end - start > 1 and shared_cost(p_lens[start:end], r_lens[start:end], prompt_of[start:end]) > budget:
+                chunks.append(indices[start : end - 1])
+                start = end - 1
+        chunks.append(indices[start:])
+        return [np.array(c) for c in chunks if len(c)]
+
     def _micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor, capacity: int = 0) -> MicroBatch:
         """`capacity`: packed rows' length (at least the chunk's longest sequence)."""
         po, ro = batch.prompt_offsets, batch.response_offsets
+        if self.share_prompts:
+            return self._shared_micro(batch, idx, adv)
         seqs = [np.concatenate([batch.prompt_ids[po[i] : po[i + 1]], batch.response_ids[ro[i] : ro[i + 1]]]) for i in idx]
         T = max(len(s) for s in seqs)
         mask = np.zeros((len(idx), T - 1), np.float32)
@@ -362,6 +428,29 @@ class Learner:
             adv=adv[torch.from_numpy(idx)].to(dev),
             tokens=sum(len(s) for s in seqs),
             packed=packed,
+        )
+
+
+    def _shared_micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor) -> MicroBatch:
+        po, ro = batch.prompt_offsets, batch.response_offsets
+        prompts = [batch.prompt_ids[po[i] : po[i + 1]] for i in idx]
+        responses = [batch.response_ids[ro[i] : ro[i + 1]] for i in idx]
+        rows = layout(prompts, responses, self.device)
+        mask = np.zeros(rows.response_ids.shape, np.float32)
+        behav = np.zeros(rows.response_ids.shape, np.float32)
+        for j, i in enumerate(idx):
+            r_len = ro[i + 1] - ro[i]
+            mask[j, :r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
+            behav[j, :r_len] = batch.logprobs[ro[i] : ro[i + 1]]
+        dev = self.device
+        return MicroBatch(
+            ids=None,
+            attn=None,
+            mask=torch.from_numpy(mask).to(dev),
+            behav=torch.from_numpy(behav).to(dev),
+            adv=adv[torch.from_numpy(idx)].to(dev),
+            tokens=int(rows.prompt_attn.sum() + rows.response_attn.sum()),
+            shared=rows,
         )
 
 

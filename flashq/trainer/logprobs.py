@@ -28,6 +28,7 @@ class _Request:
     targets: torch.Tensor  # [N] the next token at each selected position
     temperature: float
     banned: torch.Tensor | None  # token ids the sampler masked at every selected position
+    repeat: torch.Tensor | None = None  # [N] selected row of each target (rows shared by several targets)
 
 
 def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
@@ -74,6 +75,8 @@ class LogprobHead(torch.nn.Module):
         if req is None:
             return F.linear(hidden, self.weight, self.bias)
         rows = hidden[req.select]
+        if req.repeat is not None:
+            rows = rows[req.repeat]
         targets = req.targets
         if not len(rows):  # keep the graph connected (FSDP ranks must all run backward)
             rows, targets = hidden[:1, 0], targets.new_zeros(1)

@@ -90,10 +90,11 @@ def test_out_of_order_batch_is_refused(learner):
         learner.train_step(make_batch(learner, [1, 0], batch_index=2))
 
 
-def test_micro_batches_give_the_same_gradient(tiny_model):
-    big = Learner(load_config(None), tiny_model)
-    small = Learner(load_config(None, ["trainer.micro_batch_tokens=64"]), tiny_model)
-    batch = make_batch(big, [1, 0, 0, 1, 1, 0])
+@pytest.mark.parametrize("share", [False, True])
+def test_micro_batches_give_the_same_gradient(tiny_model, share):
+    big = Learner(load_config(None, [f"trainer.share_prompts={share}"]), tiny_model)
+    small = Learner(load_config(None, [f"trainer.share_prompts={share}", "trainer.micro_batch_tokens=64"]), tiny_model)
+    batch = make_batch(big, [1, 0, 0, 1, 1, 0], lengths=[10, 12, 14, 16, 18, 20])
     assert len(small._micro_batches(batch, np.arange(6))) > 1
     big.train_step(batch)
     small.train_step(batch)

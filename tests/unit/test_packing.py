@@ -54,7 +54,7 @@ def test_packed_rows_give_the_padded_logprobs_and_gradients():
 
 
 def test_the_learner_trains_the_same_packed_or_padded_with_less_padding(tiny_model):
-    padded = Learner(load_config(None, ["trainer.packing=false", "trainer.micro_batch_tokens=256"]), tiny_model)
+    padded = Learner(load_config(None, ["trainer.packing=false", "trainer.share_prompts=false", "trainer.micro_batch_tokens=256"]), tiny_model)
     packed = Learner(load_config(None, ["trainer.packing=true", "trainer.micro_batch_tokens=256"]), tiny_model)
     # a long tail after an 8-token prompt: responses of 2 to 40 tokens
     lengths = [2, 3, 40, 4, 2, 30, 5, 3, 6, 2, 25, 3, 4, 8, 2, 3]
