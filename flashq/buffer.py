@@ -60,6 +60,10 @@ class GroupBuffer:
             self.complete.add(group_id)
         return group
 
+    def drop(self, group_id: str) -> Group:
+        self.complete.discard(group_id)
+        return self.groups.pop(group_id)
+
     def take(self, group_ids: list[str], batch_index: int) -> tuple[TrainBatch, list[Group]]:
         groups = [self.groups.pop(g) for g in group_ids]
         self.complete.difference_update(group_ids)

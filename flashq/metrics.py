@@ -14,8 +14,10 @@ from typing import Any
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, trackers: list | None = None):
+        """`trackers`: from `trackers.make_trackers`, each given every record."""
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.trackers = trackers or []
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a", buffering=1)
         self._tb = None
@@ -30,11 +32,15 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.add_event(_event(step, now, record, prefix="" if kind == "step" else f"{kind}/"))
             self._tb.flush()
+        for tracker in self.trackers:
+            tracker.log(step, record, kind)
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def _event(step: int, wall_time: float, record: dict[str, Any], prefix: str):

@@ -7,7 +7,8 @@ The path of one sample through here:
   2. `on_sample` takes a finished response and queues it at once for a reward worker.
   3. `on_reward` files the score with its group; a group with all n scores is complete.
   4. `pump` hands the trainer a batch of complete groups when it has asked for one and the gate
-     allows (earliest deadline first).
+     allows (earliest deadline first). With dynamic sampling, a complete group whose rewards are
+     all equal is dropped instead, and its admission goes to a new prompt.
 Every method returns nothing; messages to send accumulate in `outbox` as (peer, message).
 The `Ledger` counts every sample at every stage, so none is lost or trained twice unseen.
 """
@@ -29,6 +30,7 @@ from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
 from flashq.divided import DividedRollout
 from flashq.drafting import HISTORY_PROMPTS
+from flashq.evaluation import Evaluator, is_eval
 from flashq.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
@@ -48,9 +50,15 @@ class Ledger:
     tokens_received: int = 0
     rewards_received: int = 0
     reward_errors: int = 0
+    reward_sum: float = 0.0  # of every reward received, trained or dropped
     samples_batched: int = 0
     samples_trained: int = 0
     batches_sent: int = 0
+    groups_dropped: int = 0  # dynamic sampling: complete groups with equal rewards, not trained
+    samples_dropped: int = 0
+    eval_requests_sent: int = 0  # evaluation: apart from training's, never trained
+    eval_samples_received: int = 0
+    eval_rewards_received: int = 0
     episodes_failed: int = 0  # env episodes that raised or timed out (each replaced or fatal)
     episodes_discarded: int = 0  # answered but not kept: finished after their group was full, or cancelled
     episodes_withdrawn: int = 0  # redundant episodes whose group filled before they were dispatched
@@ -69,9 +77,15 @@ class Ledger:
             "tokens_received": self.tokens_received,
             "rewards_received": self.rewards_received,
             "reward_errors": self.reward_errors,
+            "reward_sum": self.reward_sum,
             "samples_batched": self.samples_batched,
             "samples_trained": self.samples_trained,
             "batches_sent": self.batches_sent,
+            "groups_dropped": self.groups_dropped,
+            "samples_dropped": self.samples_dropped,
+            "eval_requests_sent": self.eval_requests_sent,
+            "eval_samples_received": self.eval_samples_received,
+            "eval_rewards_received": self.eval_rewards_received,
             "episodes_failed": self.episodes_failed,
             "episodes_discarded": self.episodes_discarded,
             "episodes_withdrawn": self.episodes_withdrawn,
@@ -95,7 +109,9 @@ class Orchestrator:
         reward_workers: list[str],
         trainer: str = "trainer",
         clock: Callable[[], float] = time.monotonic,
+        eval_tasks: list[dict] = (),
     ):
+        """`eval_tasks`: held-out tasks evaluated in rounds (with `cfg.eval`)."""
         self.cfg = cfg
         self.clock = clock  # the simulator passes simulated time
         self.tasks = task_source
@@ -135,6 +151,13 @@ class Orchestrator:
         self.batch_groups: dict[int, list[Group]] = {}  # sent to the trainer, not yet confirmed
         self.outbox: list[tuple[str, Message]] = []
         self.generation_paused = False  # after a resume: until the engines serve the restored weights
+        self.dropped_in_row = 0  # dynamic sampling: complete groups dropped since one was kept
+        self.evaluator: Evaluator | None = None
+        self.eval_records: list[tuple[int, dict]] = []  # finished rounds (version, record), for the coordinator to log
+        if cfg.eval is not None:
+            room = cfg.rollout.max_model_len - (cfg.eval.max_tokens or cfg.sampling.max_tokens)
+            kept = [(t, ids) for t in eval_tasks if len(ids := encode_prompt(t)) <= room]
+            self.evaluator = Evaluator(cfg.eval, cfg.sampling, [t for t, _ in kept], [ids for _, ids in kept], cfg.trainer.steps, cfg.seed, clock)
 
     # ------------------------------------------------------------ events
 
@@ -159,6 +182,15 @@ class Orchestrator:
             self.gen_queue.submit(done)
             return
         sample = done
+        if is_eval(sample.request_id):
+            self.ledger.eval_samples_received += 1
+            self.request_sent_at.pop(sample.request_id, None)
+            score, prompt_done = self.evaluator.on_sample(sample)
+            if prompt_done:
+                self.lengths.close_group(sample.group_id)
+                self.gen_queue.forget(sample.group_id)
+            self.score_queue.submit(score)
+            return
         group = self.buffer.add_sample(sample)
         self.ledger.samples_received += 1
         self.ledger.tokens_received += len(sample.token_ids)
@@ -198,8 +230,9 @@ class Orchestrator:
                 "sent": self.request_sent_at.pop(rid, None), "finished": self.clock(), "tokens": len(sample.token_ids),
                 "turns": sample.turns, "env_s": sample.env_seconds,
             })
-            self.buffer.add_reward(gid, RewardResult(rid, float(sample.env_reward)))
+            group = self.buffer.add_reward(gid, RewardResult(rid, float(sample.env_reward)))
             self.ledger.rewards_received += 1
+            self.ledger.reward_sum += float(sample.env_reward)
             if self.episodes.is_full(gid):
                 for withdrawn in self.gen_queue.withdraw(gid):
                     self.episodes.on_result(gid, withdrawn.request_id, failed=False)
@@ -210,6 +243,8 @@ class Orchestrator:
                 for w, ids in by_worker.items():
                     self.cancelled.update(ids)
                     self.outbox.append((w, Cancel(ids, reason=f"group {gid} is full")))
+            if group.complete:
+                self._on_group_complete(group)
         self.request_sent_at.pop(rid, None)
         if self.episodes.finished(gid):
             self.gen_queue.forget(gid)
@@ -223,10 +258,44 @@ class Orchestrator:
         del self.score_worker[result.request_id]
         del self.score_sent[result.request_id]
         self.score_queue.done(worker)
-        self.buffer.add_reward(result.request_id.rsplit("/", 1)[0], result)
+        if is_eval(result.request_id):
+            self.ledger.eval_rewards_received += 1
+            record = self.evaluator.on_reward(result)
+            if record is not None:
+                self.eval_records.append((int(record["version"]), record))
+            return
+        group = self.buffer.add_reward(result.request_id.rsplit("/", 1)[0], result)
         self.ledger.rewards_received += 1
+        self.ledger.reward_sum += result.reward
         if result.error:
             self.ledger.reward_errors += 1
+        if group.complete:
+            self._on_group_complete(group)
+
+    def _on_group_complete(self, group: Group) -> None:
+        """Dynamic sampling (DAPO): a group whose rewards are all equal has zero advantage for
+        every sample, so training it only spends a batch slot; it is dropped and its admission
+        given back to the gate, which admits a new prompt on the next pump. A run whose groups
+        keep coming back equal (a task solved, or never solved) stops and says so."""
+        tc = self.cfg.trainer
+        if not tc.dynamic_sampling:
+            return
+        rewards = [r.reward for r in group.rewards.values()]
+        if max(rewards) > min(rewards):
+            self.dropped_in_row = 0
+            return
+        gid = group.admission.group_id
+        self.buffer.drop(gid)
+        self.gate.withdraw(gid)
+        self.ledger.groups_dropped += 1
+        self.ledger.samples_dropped += len(group.samples)
+        self.dropped_in_row += 1
+        if self.dropped_in_row >= tc.max_dropped_in_row:
+            raise RuntimeError(
+                f"dynamic sampling dropped {self.dropped_in_row} groups in a row, every sample of each scoring the same "
+                f"(the last: {rewards[0]:g}); the task is solved or out of reach for this policy. Raise "
+                "trainer.max_dropped_in_row, change the task, or turn trainer.dynamic_sampling off"
+            )
 
     def on_worker_lost(self, worker: str) -> None:
         """A rollout or reward worker died: dispatch nothing more to it and send what it held to
@@ -271,6 +340,15 @@ class Orchestrator:
         if version < self.engine_version:
             raise ValueError(f"weight version went from {self.engine_version} back to {version}")
         self.engine_version = version
+        self._evaluate_if_due()
+
+    def _evaluate_if_due(self) -> None:
+        """Start an evaluation round if the engines' version calls for one (see `evaluation`)."""
+        if self.evaluator is None or self.generation_paused or not self.evaluator.due(self.engine_version):
+            return
+        for req in self.evaluator.start(self.engine_version):
+            self.lengths.add_group(req.group_id, req.prompt_ids)
+            self.gen_queue.submit(self.divided.first(req))
 
     def on_step_trained(self, version: int) -> list[Group]:
         """The trainer finished the batch with index version - 1 (and broadcast the result)."""
@@ -283,12 +361,14 @@ class Orchestrator:
 
     @property
     def done(self) -> bool:
-        return self.trained_version >= self.cfg.trainer.steps
+        """Every step trained and the last evaluation round (at the final weights) scored."""
+        return self.trained_version >= self.cfg.trainer.steps and (self.evaluator is None or self.evaluator.idle)
 
     # ------------------------------------------------------------ scheduling
 
     def pump(self) -> None:
         if not self.generation_paused:
+            self._evaluate_if_due()
             self._admit()
         for worker, req in ([] if self.generation_paused else self.gen_queue.assignments()):
             self.request_worker[req.request_id] = worker
@@ -296,7 +376,10 @@ class Orchestrator:
             self.chunk_worker.pop(req.request_id, None)
             if req.request_id not in self.request_sent_at:  # first chunk, not a re-queued request
                 self.request_sent_at[req.request_id] = self.clock()
-                self.ledger.requests_sent += 1
+                if is_eval(req.request_id):
+                    self.ledger.eval_requests_sent += 1
+                else:
+                    self.ledger.requests_sent += 1
             self.outbox.append((worker, req))
         for worker, req in self.score_queue.assignments():
             self.score_worker[req.sample.request_id] = worker

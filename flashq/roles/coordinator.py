@@ -23,8 +23,9 @@ import numpy as np
 
 from flashq import checkpoint
 from flashq.config import FlashqConfig
-from flashq.data import chat_messages, make_task_source
+from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.metrics import MetricsLog
+from flashq.trackers import make_trackers
 from flashq.orchestrator import Orchestrator
 from flashq.protocol import (
     BatchRequest,
@@ -73,6 +74,8 @@ class Coordinator:
         self.worker_stats: dict[str, dict[str, float]] = {}
         self.prev_clock: dict[str, tuple[float, float]] = {}
         self.prev_tokens = 0
+        self.prev_dropped = 0  # dynamic sampling: groups dropped by the last logged step
+        self.prev_scored = (0, 0.0)  # rewards received and their sum by the last logged step
         self.prev_spec: dict[str, tuple[float, float, float]] = {}  # rollout worker -> its last speculation counters
         self.started = time.monotonic()
         self.last_step_at = self.started
@@ -99,13 +102,15 @@ class Coordinator:
             text = tokenizer.apply_chat_template(chat_messages(task, system_prompt), add_generation_prompt=True, tokenize=False)
             return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
 
-        self.orch = Orchestrator(self.cfg, make_task_source(self.cfg.task), encode, self.rollouts, self.rewards)
+        self.orch = Orchestrator(self.cfg, training_tasks(self.cfg), encode, self.rollouts, self.rewards, eval_tasks=evaluation_tasks(self.cfg))
         if self.cfg.resume_from:
             state = checkpoint.decode_state((self.cfg.resume_from / "coordinator.msgpack").read_bytes())
             self.orch.restore(state)
             truncate_metrics(self.run_dir / "metrics.jsonl", state.version)
             log.info("resuming at version %d: %d groups restored, next task %d", state.version, len(state.groups), state.next_task)
-        self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.log.tensorboard)
+        lc = self.cfg.log
+        trackers = make_trackers(lc.trackers, lc.project, self.run_dir, self.cfg.model_dump(mode="json"))
+        self.metrics = MetricsLog(self.run_dir, tensorboard=lc.tensorboard, trackers=trackers)
         try:
             await self._startup()
             async with asyncio.TaskGroup() as tg:
@@ -213,6 +218,11 @@ class Coordinator:
         if self.orch.finished_requests:
             self._trace(self.orch.finished_requests)
             self.orch.finished_requests = []
+        for version, record in self.orch.eval_records:
+            self.metrics.write(version, record, kind="eval")
+            log.info("eval at version %d: %s", version,
+                     "  ".join(f"{k} {v:.3f}" for k, v in record.items() if k in ("mean_reward", "greedy_accuracy") or k.startswith("pass@")))
+        self.orch.eval_records = []
         outbox, self.orch.outbox = self.orch.outbox, []
         lost = False
         for peer, msg in outbox:
@@ -402,6 +412,19 @@ class Coordinator:
         rec["trainer/idle_share"] = min(1.0, stats.metrics.get("trainer/wait_s", 0.0) / max(step_s, 1e-9))
         rec["engine_version"] = float(self.orch.engine_version)
         rec["groups_admitted"] = float(self.orch.ledger.groups_admitted)
+        # every sample scored since the last step, trained or not: the rollout policy's own reward
+        # (the trainer's reward/mean covers what it trained, which dynamic sampling selects)
+        books = self.orch.ledger
+        rec["samples_scored_total"] = float(books.rewards_received)
+        scored = books.rewards_received - self.prev_scored[0]
+        if scored:
+            rec["reward/scored_mean"] = (books.reward_sum - self.prev_scored[1]) / scored
+        self.prev_scored = (books.rewards_received, books.reward_sum)
+        if self.cfg.trainer.dynamic_sampling:
+            dropped = self.orch.ledger.groups_dropped
+            rec["dynamic_sampling/groups_dropped_total"] = float(dropped)
+            rec["dynamic_sampling/groups_dropped"] = float(dropped - self.prev_dropped)
+            self.prev_dropped = dropped
         rec["rejected_frames"] = float(sum(self.hub.rejected.values()))
         if self.orch.episodes is not None:
             books = self.orch.ledger

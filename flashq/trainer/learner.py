@@ -283,6 +283,7 @@ class Learner:
             "grad_norm": float(np.mean(grad_norms)),
             "reward/mean": float(rewards.mean()) if n_seq else 0.0,
             "reward/std": float(rewards.std()) if n_seq > 1 else 0.0,
+            "train/zero_variance_groups": float(zero_variance_groups(batch)),  # no advantage: dynamic sampling drops them
             "advantage/abs_mean": float(adv.abs().mean()) if n_seq else 0.0,
             "response/mean_tokens": float(resp_lens.mean()) if n_seq else 0.0,
             "response/max_tokens": float(resp_lens.max()) if n_seq else 0.0,
@@ -452,6 +453,13 @@ class Learner:
             tokens=int(rows.prompt_attn.sum() + rows.response_attn.sum()),
             shared=rows,
         )
+
+
+def zero_variance_groups(batch: TrainBatch) -> int:
+    """Groups of the batch whose samples all scored the same."""
+    groups = np.asarray(batch.group_index)
+    rewards = np.asarray(batch.rewards)
+    return sum(int(np.ptp(rewards[groups == g]) == 0) for g in np.unique(groups))
 
 
 def trained_lengths(batch: TrainBatch) -> np.ndarray:
