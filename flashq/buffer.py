@@ -23,6 +23,7 @@ class Group:
     admission: Admission
     samples: dict[str, Sample] = field(default_factory=dict)
     rewards: dict[str, RewardResult] = field(default_factory=dict)
+    failed: str = ""  # why the group will be dropped when complete instead of trained (a reward that kept failing)
 
     @property
     def complete(self) -> bool:

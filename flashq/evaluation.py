@@ -92,8 +92,8 @@ class Evaluator:
                 kinds.append(("greedy", 0.0))
             for j, (name, temperature) in enumerate(kinds):
                 seed = None
-                if self.sampling.seed_requests:  # apart from training's seeds, which count up from seed * 1_000_003
-                    seed = (self.seed * 7_919 + 1_000_000_007 + (r * len(self.tasks) + p) * len(kinds) + j) % 2**31
+                if self.sampling.seed_requests:  # by version (a resumed run draws what it would have), apart from training's
+                    seed = (self.seed * 7_919 + 1_000_000_007 + (version * len(self.tasks) + p) * len(kinds) + j) % 2**31
                 requests.append(GenerateRequest(request_id=f"{gid}/{name}", group_id=gid, prompt_ids=ids, max_tokens=max_tokens,
                                                 min_tokens=0, temperature=temperature, top_p=self.sampling.top_p, seed=seed))
         self.rounds[r] = EvalRound(r, version, expected=len(requests), started=self.clock())
@@ -160,6 +160,13 @@ class Evaluator:
         if rnd.greedy:
             rec["greedy_accuracy"] = float(np.mean([r >= self.cfg.pass_threshold for r in rnd.greedy.values()]))
         return rec
+
+    def abandon(self) -> int:
+        """Give up the running rounds (no engine will serve their weights again); how many."""
+        n = len(self.rounds)
+        self.rounds.clear()
+        self.unanswered.clear()
+        return n
 
     @property
     def idle(self) -> bool:

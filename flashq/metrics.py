@@ -8,9 +8,12 @@ with "hist/" hold a list of counts and are written as TensorBoard histograms.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class MetricsLog:
@@ -32,15 +35,23 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.add_event(_event(step, now, record, prefix="" if kind == "step" else f"{kind}/"))
             self._tb.flush()
-        for tracker in self.trackers:
-            tracker.log(step, record, kind)
+        for tracker in list(self.trackers):
+            try:
+                tracker.log(step, record, kind)
+            except Exception as e:  # noqa: BLE001 - a tracker's failure must not stop training; JSONL and TensorBoard go on
+                log.warning("%s failed and is dropped for the rest of the run: %s: %s", type(tracker).__name__, type(e).__name__, e)
+                self.trackers.remove(tracker)
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
+        """`ok`: whether the run finished (the trackers mark a failed run as failed)."""
         self._file.close()
         if self._tb is not None:
             self._tb.close()
         for tracker in self.trackers:
-            tracker.close()
+            try:
+                tracker.close(ok)
+            except Exception as e:  # noqa: BLE001
+                log.warning("%s failed to close: %s: %s", type(tracker).__name__, type(e).__name__, e)
 
 
 def _event(step: int, wall_time: float, record: dict[str, Any], prefix: str):

@@ -52,10 +52,14 @@ class Ledger:
     reward_errors: int = 0
     reward_sum: float = 0.0  # of every reward received, trained or dropped
     samples_batched: int = 0
-    samples_trained: int = 0
+    samples_trained: int = 0  # consumed by the trainer (a skipped batch's too: see batches_skipped)
     batches_sent: int = 0
     groups_dropped: int = 0  # dynamic sampling: complete groups with equal rewards, not trained
     samples_dropped: int = 0
+    dropped_groups: list = field(default_factory=list)  # their ids, for the exactly-once audit
+    groups_dropped_by_reason: Counter = field(default_factory=Counter)
+    scores_retried: int = 0  # failed rewards scored again (reward.on_error drop)
+    batches_skipped: Counter = field(default_factory=Counter)  # by reason: consumed, not learned from
     eval_requests_sent: int = 0  # evaluation: apart from training's, never trained
     eval_samples_received: int = 0
     eval_rewards_received: int = 0
@@ -83,6 +87,10 @@ class Ledger:
             "batches_sent": self.batches_sent,
             "groups_dropped": self.groups_dropped,
             "samples_dropped": self.samples_dropped,
+            "groups_dropped_ids": list(self.dropped_groups),
+            "groups_dropped_by_reason": dict(self.groups_dropped_by_reason),
+            "scores_retried": self.scores_retried,
+            "batches_skipped": dict(self.batches_skipped),
             "eval_requests_sent": self.eval_requests_sent,
             "eval_samples_received": self.eval_samples_received,
             "eval_rewards_received": self.eval_rewards_received,
@@ -151,7 +159,8 @@ class Orchestrator:
         self.batch_groups: dict[int, list[Group]] = {}  # sent to the trainer, not yet confirmed
         self.outbox: list[tuple[str, Message]] = []
         self.generation_paused = False  # after a resume: until the engines serve the restored weights
-        self.dropped_in_row = 0  # dynamic sampling: complete groups dropped since one was kept
+        self.dropped_in_row = 0  # complete groups dropped since one was kept
+        self.score_retries: dict[str, int] = {}  # request id -> failed scores so far (reward.on_error drop)
         self.evaluator: Evaluator | None = None
         self.eval_records: list[tuple[int, dict]] = []  # finished rounds (version, record), for the coordinator to log
         if cfg.eval is not None:
@@ -167,6 +176,7 @@ class Orchestrator:
             raise KeyError(f"sample {sample.request_id} from {peer} was not requested (or arrived twice)")
         if worker != peer:
             raise KeyError(f"sample {sample.request_id} came from {peer}, but was sent to {worker}")
+        self._check_sample(sample, self.request_sent[sample.request_id])  # before anything changes: a refused sample is still owed
         del self.request_worker[sample.request_id]
         self.gen_queue.done(worker)
         request = self.request_sent.pop(sample.request_id)
@@ -203,6 +213,23 @@ class Orchestrator:
             self.lengths.close_group(sample.group_id)
             self.gen_queue.forget(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
+
+    def _check_sample(self, sample: Sample, request: GenerateRequest | EpisodeRequest) -> None:
+        """A well-formed sample that contradicts what was asked, or what the books hold, is
+        refused whole, so the request stays in flight on its worker and is answered again (or
+        re-queued if the worker dies)."""
+        rid = sample.request_id
+        if sample.group_id != request.group_id:
+            raise KeyError(f"sample {rid} names group {sample.group_id}, but was requested for group {request.group_id}")
+        if is_eval(rid) or isinstance(request, EpisodeRequest):
+            return  # evaluation has no buffer group; an episode's verdict decides (it may be discarded)
+        group = self.buffer.groups.get(request.group_id)
+        if group is None:
+            raise KeyError(f"sample {rid}: group {request.group_id} is not waiting for samples")
+        if rid in group.samples:
+            raise KeyError(f"sample {rid}: its group already holds it")
+        if isinstance(request, GenerateRequest) and len(sample.token_ids) > request.max_tokens:
+            raise ValueError(f"sample {rid} has {len(sample.token_ids)} tokens; at most {request.max_tokens} were asked")
 
     def _on_episode(self, worker: str, sample: Sample) -> None:
         """An episode's sample: keep it (the environment scored it), or discard it (its group is
@@ -255,8 +282,14 @@ class Orchestrator:
             raise KeyError(f"reward for {result.request_id} from {peer} was not requested (or arrived twice)")
         if worker != peer:
             raise KeyError(f"reward for {result.request_id} came from {peer}, but was sent to {worker}")
-        del self.score_worker[result.request_id]
-        del self.score_sent[result.request_id]
+        rid = result.request_id
+        group = None
+        if not is_eval(rid):  # checked before anything changes: a refused reward is still owed
+            group = self.buffer.groups.get(rid.rsplit("/", 1)[0])
+            if group is None or rid not in group.samples or rid in group.rewards:
+                raise KeyError(f"reward for {rid}: its group is not waiting for it")
+        del self.score_worker[rid]
+        request = self.score_sent.pop(rid)
         self.score_queue.done(worker)
         if is_eval(result.request_id):
             self.ledger.eval_rewards_received += 1
@@ -264,38 +297,49 @@ class Orchestrator:
             if record is not None:
                 self.eval_records.append((int(record["version"]), record))
             return
-        group = self.buffer.add_reward(result.request_id.rsplit("/", 1)[0], result)
-        self.ledger.rewards_received += 1
-        self.ledger.reward_sum += result.reward
         if result.error:
             self.ledger.reward_errors += 1
+            if self.cfg.reward.on_error == "drop":
+                tries = self.score_retries[rid] = self.score_retries.get(rid, 0) + 1
+                if tries <= self.cfg.reward.retries:
+                    self.ledger.scores_retried += 1
+                    self.score_queue.submit(request)
+                    return
+                group.failed = group.failed or f"reward failed: {result.error}"[:200]
+        self.score_retries.pop(rid, None)
+        self.buffer.add_reward(group.admission.group_id, result)
+        self.ledger.rewards_received += 1
+        self.ledger.reward_sum += result.reward
         if group.complete:
             self._on_group_complete(group)
 
     def _on_group_complete(self, group: Group) -> None:
-        """Dynamic sampling (DAPO): a group whose rewards are all equal has zero advantage for
-        every sample, so training it only spends a batch slot; it is dropped and its admission
-        given back to the gate, which admits a new prompt on the next pump. A run whose groups
-        keep coming back equal (a task solved, or never solved) stops and says so."""
+        """A complete group is trained, or dropped: when a reward kept failing (reward.on_error
+        drop: an error is not a real 0), or with dynamic sampling (DAPO) when its rewards are all
+        equal (zero advantage for every sample: it would only spend a batch slot). A dropped
+        group gives its admission back to the gate, which admits a new prompt on the next pump.
+        A run that keeps dropping (a task solved or out of reach, a broken reward) stops and says why."""
         tc = self.cfg.trainer
-        if not tc.dynamic_sampling:
-            return
         rewards = [r.reward for r in group.rewards.values()]
-        if max(rewards) > min(rewards):
+        reason = group.failed
+        if not reason and tc.dynamic_sampling and max(rewards) == min(rewards):
+            reason = "equal rewards"
+        if not reason:
             self.dropped_in_row = 0
             return
         gid = group.admission.group_id
         self.buffer.drop(gid)
         self.gate.withdraw(gid)
         self.ledger.groups_dropped += 1
+        self.ledger.groups_dropped_by_reason["equal rewards" if reason == "equal rewards" else "reward failed"] += 1
+        self.ledger.dropped_groups.append(gid)
         self.ledger.samples_dropped += len(group.samples)
         self.dropped_in_row += 1
         if self.dropped_in_row >= tc.max_dropped_in_row:
-            raise RuntimeError(
-                f"dynamic sampling dropped {self.dropped_in_row} groups in a row, every sample of each scoring the same "
-                f"(the last: {rewards[0]:g}); the task is solved or out of reach for this policy. Raise "
-                "trainer.max_dropped_in_row, change the task, or turn trainer.dynamic_sampling off"
-            )
+            why = (f"every sample of each scoring the same (the last: {rewards[0]:g}); the task is solved or out of reach for "
+                   "this policy. Change the task, or turn trainer.dynamic_sampling off" if reason == "equal rewards" else
+                   f"the last because its {reason}. Fix the reward function, or set reward.on_error: zero")
+            raise RuntimeError(f"{self.dropped_in_row} groups dropped in a row, {why} (trainer.max_dropped_in_row)")
 
     def on_worker_lost(self, worker: str) -> None:
         """A rollout or reward worker died: dispatch nothing more to it and send what it held to
@@ -350,11 +394,16 @@ class Orchestrator:
             self.lengths.add_group(req.group_id, req.prompt_ids)
             self.gen_queue.submit(self.divided.first(req))
 
-    def on_step_trained(self, version: int) -> list[Group]:
-        """The trainer finished the batch with index version - 1 (and broadcast the result)."""
+    def on_step_trained(self, version: int, skipped: str = "") -> list[Group]:
+        """The trainer finished the batch with index version - 1 (and broadcast the result);
+        `skipped`: why it learned nothing from it (e.g. a non-finite gradient)."""
+        if version != self.trained_version + 1:
+            raise KeyError(f"trainer reported step {version}; the next step is {self.trained_version + 1}")
         groups = self.batch_groups.pop(version - 1, None)
         if groups is None:
             raise KeyError(f"trainer reported step {version}, but batch {version - 1} was never sent")
+        if skipped:
+            self.ledger.batches_skipped[skipped] += 1
         self.trained_version = version
         self.ledger.samples_trained += sum(g.size for g in groups)
         return groups

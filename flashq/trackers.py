@@ -31,16 +31,23 @@ def flatten(record: dict[str, Any], kind: str) -> dict[str, Any]:
 class WandbTracker:
     def __init__(self, project: str, name: str, run_dir: Path, config: dict):
         self.wandb = _import("wandb")
-        self.run = self.wandb.init(project=project, name=name, dir=str(run_dir), config=config, reinit="finish_previous")
+        # a resumed run (same directory) continues its W&B run
+        self.run = self.wandb.init(project=project, name=name, id=_run_id(name), resume="allow", dir=str(run_dir), config=config)
         # each kind on its own x axis: an evaluation round at version 4 may finish after step 6 is
-        # logged, and W&B drops values logged at a step below its latest
+        # logged, and W&B drops values logged at a step below its latest. Steps take the glob; each
+        # other kind's keys are defined by name as they appear (a name is more specific than a glob)
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
-        self.run.define_metric("eval/step")
-        self.run.define_metric("eval/*", step_metric="eval/step")
+        self.defined: set[str] = set()
 
     def log(self, step: int, record: dict[str, Any], kind: str) -> None:
-        values = {"step" if kind == "step" else f"{kind}/step": step}
+        axis = "step" if kind == "step" else f"{kind}/step"
+        values = {axis: step}
+        if kind != "step":
+            for key in [axis, *flatten(record, kind)]:
+                if key not in self.defined:
+                    self.run.define_metric(key, step_metric=axis if key != axis else None)
+                    self.defined.add(key)
         for k, v in flatten(record, kind).items():
             if isinstance(v, list):
                 if v:  # counts per bucket 0, 1, 2, ...
@@ -49,8 +56,12 @@ class WandbTracker:
                 values[k] = v
         self.run.log(values)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, ok: bool = True) -> None:
+        self.run.finish(exit_code=0 if ok else 1)
+
+
+def _run_id(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:64]
 
 
 class TrackioTracker:
@@ -61,7 +72,7 @@ class TrackioTracker:
     def log(self, step: int, record: dict[str, Any], kind: str) -> None:
         self.trackio.log({k: v for k, v in flatten(record, kind).items() if not isinstance(v, list)}, step=step)
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
         self.trackio.finish()
 
 

@@ -162,7 +162,12 @@ class RolloutConfig(Section):
     )
     recompute_kv_on_update: bool = Field(
         True,
-        description="After a weight update, re-prefill in-flight requests so later tokens are exactly on-policy for the new version.",
+        description="After a weight update, in-flight requests re-prefill (prompt and tokens so far) under the new weights, so "
+        "every later token is computed by the version it is labelled with; costs one re-prefill of each in-flight request "
+        "per update (no measurable difference on the quickstart job). False keeps their keys and values from older weights: "
+        "later tokens are labelled with the new version but attend to older ones. The behaviour logprobs are what vLLM "
+        "computed either way (importance weights stay exact), and the staleness bound holds (the old keys and values are "
+        "never older than the group's admission version); only the per-token staleness metrics read up to one version low.",
     )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM AsyncEngineArgs.")
     scheduler: Literal["fifo", "context_aware", "oracle"] = Field(
@@ -207,6 +212,12 @@ class RewardConfig(Section):
     )
     pool_workers: int = Field(1, ge=1, description="Processes (or threads) per reward worker.")
     max_inflight_per_worker: int = Field(64, ge=1)
+    on_error: Literal["drop", "zero"] = Field(
+        "drop",
+        description="A reward that raised or timed out: drop: score it again (up to `retries` times), then drop its group "
+        "(counted with the reason; another prompt takes its place); zero: train it as a reward of 0.",
+    )
+    retries: int = Field(1, ge=0, description="on_error drop: how many times a failed reward is scored again first.")
 
 
 class LossConfig(Section):
@@ -281,13 +292,17 @@ class TrainerConfig(Section):
         "gives the same logprobs both ways at start.",
     )
     minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
+    max_nonfinite_in_row: int = Field(
+        3, ge=1, description="A batch whose gradient is not finite is skipped (counted); this many in a row stops the run."
+    )
     dynamic_sampling: bool = Field(
         False,
         description="DAPO's dynamic sampling: a group whose rewards are all equal (no advantage to learn from) is dropped "
         "when it completes, and another prompt is admitted in its place, so batches stay full and the staleness bound holds.",
     )
     max_dropped_in_row: int = Field(
-        200, ge=1, description="Dynamic sampling: stop the run, saying why, when this many completed groups in a row were dropped."
+        200, ge=1, description="Stop the run, saying why, when this many complete groups in a row were dropped (dynamic "
+        "sampling, or rewards that kept failing)."
     )
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
     keep_checkpoints: int = Field(2, ge=1)
@@ -322,7 +337,9 @@ class TransportConfig(Section):
     host: str = Field("127.0.0.1", description="The coordinator binds here; loopback unless configured.")
     port: int = Field(0, ge=0, le=65535, description="0: the launcher picks a free port.")
     hwm: int = Field(1000, ge=1)
-    max_message_mb: int = Field(256, ge=1)
+    max_message_mb: int = Field(
+        256, ge=1, description="Largest message a socket accepts; raised at start to the largest batch the config can make."
+    )
     heartbeat_s: float = Field(2.0, gt=0)
     liveness_timeout_s: float = Field(120.0, gt=0)
     startup_timeout_s: float = Field(900.0, gt=0)

@@ -11,9 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 
-STRIDE = 1 << 40  # where a training index looks for a substitute: beyond any index a run reaches
-
-
 def prompt_text(task: dict) -> str:
     prompt = task.get("prompt")
     if isinstance(prompt, str):
@@ -27,9 +24,11 @@ def is_held_out(task: dict, fraction: float) -> bool:
 
 
 class TrainingSplit:
-    """A task source without its held-out prompts: task k is the source's task k or, when that
-    one is held out, the first of k + j * STRIDE (j = 1, 2, ...) that is not. Still a function
-    of k alone, so runs resume at a saved position."""
+    """A task source without its held-out prompts: task k is the first of the source's tasks
+    k, k + 1, ... that is not held out. Still a function of k alone (runs resume at a saved
+    position), and it stays near k, so a file or generated dataset is read within the epoch
+    it is in; the task after a held-out one is drawn twice as often, a tenth of draws at the
+    default share."""
 
     def __init__(self, source, fraction: float):
         self.source = source
@@ -37,10 +36,10 @@ class TrainingSplit:
 
     def task(self, index: int) -> dict:
         for j in range(10_000):
-            task = self.source.task(index + j * STRIDE)
+            task = self.source.task(index + j)
             if not is_held_out(task, self.fraction):
                 return task
-        raise RuntimeError(f"no task outside the held-out share {self.fraction} in 10,000 draws at index {index}")
+        raise RuntimeError(f"no task outside the held-out share {self.fraction} in the 10,000 from index {index}")
 
 
 def held_out_tasks(source, fraction: float, count: int, max_draws: int = 100_000) -> list[dict]:

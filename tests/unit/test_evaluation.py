@@ -127,3 +127,47 @@ def test_the_run_is_done_only_when_the_final_round_is_scored():
     for peer, msg in held:
         orch.on_reward(peer, RewardResult(msg.sample.request_id, 0.0))
     assert orch.done and [int(r["version"]) for _, r in orch.eval_records] == [0, 1]
+
+
+def test_a_resumed_round_draws_what_the_uninterrupted_one_did_and_its_old_record_goes(tmp_path):
+    import json
+
+    from flashq.roles.coordinator import truncate_metrics
+
+    first = make(["trainer.steps=8", "eval.every=4", "eval.prompts=2", "sampling.seed_requests=true"]).evaluator
+    first.start(0)
+    again = make(["trainer.steps=8", "eval.every=4", "eval.prompts=2", "sampling.seed_requests=true"]).evaluator
+    assert [r.seed for r in first.start(4)] == [r.seed for r in again.start(4)]  # round 1 there, round 0 here
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"kind": "eval", "step": 0}, {"kind": "step", "step": 4},
+                                                             {"kind": "eval", "step": 4}, {"kind": "step", "step": 5}]))
+    truncate_metrics(path, 4)
+    assert [(r["kind"], r["step"]) for r in map(json.loads, path.read_text().splitlines())] == [("eval", 0), ("step", 4)]
+
+
+def test_an_abandoned_round_no_longer_holds_the_run():
+    orch = make(["trainer.steps=1", "eval.prompts=2"])
+    orch.pump()
+    assert not orch.evaluator.idle
+    assert orch.evaluator.abandon() == 1 and orch.evaluator.idle
+
+
+def test_evaluation_refuses_what_it_cannot_evaluate_honestly():
+    with pytest.raises(ConfigError, match="eval.task is the training task"):
+        load_config(None, ["eval.task={kind: arithmetic}"])
+    with pytest.raises(ConfigError, match="forced_lengths"):
+        load_config(None, ["eval.prompts=2", "sampling.forced_lengths={median: 4, max: 6}", "sampling.max_tokens=8"])
+
+
+def test_a_file_source_without_shuffling_keeps_its_training_side(tmp_path):
+    import json
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(1024)))
+    cfg = load_config(None, ["task.kind=file", f"task.file.path={path}", "task.file.prompt_field=question",
+                             "task.file.answer_field=answer", "task.file.shuffle=false", "eval.prompts=5"])
+    train = training_tasks(cfg)
+    drawn = [train.task(i)["prompt"] for i in range(3 * 1024)]  # three epochs
+    assert not any(is_held_out({"prompt": p}, 0.1) for p in drawn)
+    assert len(set(drawn)) == sum(not is_held_out({"prompt": f"q{i}"}, 0.1) for i in range(1024))
+    assert {t["prompt"] for t in evaluation_tasks(cfg)}.isdisjoint(drawn)
