@@ -2,7 +2,8 @@
 
 SFT warm start (into a fresh output directory, so nothing is reused from an earlier run), then
 async GRPO with alpha=2 on two CPU cores. Figures: `reward_gain`, the final mean reward (last 10%
-of steps) minus the SFT model's sampled reward on fresh prompts, and `wall_minutes` for the whole
+of steps) minus the SFT model's sampled reward on fresh prompts; `eval_greedy_gain`, greedy accuracy
+on held-out sums after RL minus at the start of RL; and `wall_minutes` for the whole
 command including setup, SFT, engine start and the report. The run's plot is copied to
 docs/quickstart.png for the README.
 
@@ -61,18 +62,25 @@ def main() -> None:
         "staleness_max": summary["staleness_max"],
         "staleness_violations": summary["staleness_violations"],
         "tokens_per_s": summary["tokens_per_s"],
+        "eval_greedy_after_sft": summary["eval_first"]["greedy_accuracy"],
+        "eval_greedy_final": summary["eval_last"]["greedy_accuracy"],
+        "eval_greedy_gain": summary["eval_greedy_accuracy_gain"],
+        "eval_prompts": summary["eval_first"]["prompts"],
     }
     print_table(
         "quickstart: SFT warm start, then async GRPO (alpha=2) on 2 CPU cores",
         [row],
         [("wall_minutes", "wall min", ".1f"), ("sft_seconds", "SFT s", ".0f"), ("steps", "RL steps", "d"),
          ("reward_after_sft", "reward after SFT", ".3f"), ("reward_final", "final reward", ".3f"),
-         ("reward_gain", "gain", "+.3f"), ("staleness_max", "max staleness", ".0f"), ("tokens_per_s", "tokens/s", ",.0f")],
+         ("reward_gain", "gain", "+.3f"), ("eval_greedy_after_sft", "held-out greedy after SFT", ".3f"),
+         ("eval_greedy_final", "after RL", ".3f"), ("staleness_max", "max staleness", ".0f"), ("tokens_per_s", "tokens/s", ",.0f")],
     )
-    figures = {"reward_gain": summary["reward_gain"], "wall_minutes": wall / 60}
+    figures = {"reward_gain": summary["reward_gain"], "eval_greedy_gain": summary["eval_greedy_accuracy_gain"], "wall_minutes": wall / 60}
     path = write_result("quickstart", {"run": row, "summary": summary}, figures,
                         notes="reward_gain: mean reward over the last 10% of RL steps minus the SFT model's sampled "
-                              "(T=1) accuracy on fresh prompts; wall_minutes: the whole `bash launch/quickstart.sh`.")
+                              "(T=1) accuracy on fresh prompts; eval_greedy_gain: greedy accuracy on the held-out sums "
+                              "(never trained) at the final weights minus at the SFT checkpoint (version 0); "
+                              "wall_minutes: the whole `bash launch/quickstart.sh`.")
     print(f"figures: {figures}\nwrote {path}")
 
 

@@ -23,6 +23,7 @@ class Group:
     admission: Admission
     samples: dict[str, Sample] = field(default_factory=dict)
     rewards: dict[str, RewardResult] = field(default_factory=dict)
+    failed: str = ""  # why the group will be dropped when complete instead of trained (a reward that kept failing)
 
     @property
     def complete(self) -> bool:
@@ -59,6 +60,10 @@ class GroupBuffer:
         if group.complete:
             self.complete.add(group_id)
         return group
+
+    def drop(self, group_id: str) -> Group:
+        self.complete.discard(group_id)
+        return self.groups.pop(group_id)
 
     def take(self, group_ids: list[str], batch_index: int) -> tuple[TrainBatch, list[Group]]:
         groups = [self.groups.pop(g) for g in group_ids]

@@ -8,14 +8,19 @@ with "hist/" hold a list of counts and are written as TensorBoard histograms.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, trackers: list | None = None):
+        """`trackers`: from `trackers.make_trackers`, each given every record."""
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.trackers = trackers or []
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a", buffering=1)
         self._tb = None
@@ -30,11 +35,23 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.add_event(_event(step, now, record, prefix="" if kind == "step" else f"{kind}/"))
             self._tb.flush()
+        for tracker in list(self.trackers):
+            try:
+                tracker.log(step, record, kind)
+            except Exception as e:  # noqa: BLE001 - a tracker's failure must not stop training; JSONL and TensorBoard go on
+                log.warning("%s failed and is dropped for the rest of the run: %s: %s", type(tracker).__name__, type(e).__name__, e)
+                self.trackers.remove(tracker)
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
+        """`ok`: whether the run finished (the trackers mark a failed run as failed)."""
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        for tracker in self.trackers:
+            try:
+                tracker.close(ok)
+            except Exception as e:  # noqa: BLE001
+                log.warning("%s failed to close: %s: %s", type(tracker).__name__, type(e).__name__, e)
 
 
 def _event(step: int, wall_time: float, record: dict[str, Any], prefix: str):

@@ -7,7 +7,8 @@ The path of one sample through here:
   2. `on_sample` takes a finished response and queues it at once for a reward worker.
   3. `on_reward` files the score with its group; a group with all n scores is complete.
   4. `pump` hands the trainer a batch of complete groups when it has asked for one and the gate
-     allows (earliest deadline first).
+     allows (earliest deadline first). With dynamic sampling, a complete group whose rewards are
+     all equal is dropped instead, and its admission goes to a new prompt.
 Every method returns nothing; messages to send accumulate in `outbox` as (peer, message).
 The `Ledger` counts every sample at every stage, so none is lost or trained twice unseen.
 """
@@ -29,6 +30,7 @@ from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
 from flashq.divided import DividedRollout
 from flashq.drafting import HISTORY_PROMPTS
+from flashq.evaluation import Evaluator, is_eval
 from flashq.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
@@ -48,9 +50,19 @@ class Ledger:
     tokens_received: int = 0
     rewards_received: int = 0
     reward_errors: int = 0
+    reward_sum: float = 0.0  # of every reward received, trained or dropped
     samples_batched: int = 0
-    samples_trained: int = 0
+    samples_trained: int = 0  # consumed by the trainer (a skipped batch's too: see batches_skipped)
     batches_sent: int = 0
+    groups_dropped: int = 0  # dynamic sampling: complete groups with equal rewards, not trained
+    samples_dropped: int = 0
+    dropped_groups: list = field(default_factory=list)  # their ids, for the exactly-once audit
+    groups_dropped_by_reason: Counter = field(default_factory=Counter)
+    scores_retried: int = 0  # failed rewards scored again (reward.on_error drop)
+    batches_skipped: Counter = field(default_factory=Counter)  # by reason: consumed, not learned from
+    eval_requests_sent: int = 0  # evaluation: apart from training's, never trained
+    eval_samples_received: int = 0
+    eval_rewards_received: int = 0
     episodes_failed: int = 0  # env episodes that raised or timed out (each replaced or fatal)
     episodes_discarded: int = 0  # answered but not kept: finished after their group was full, or cancelled
     episodes_withdrawn: int = 0  # redundant episodes whose group filled before they were dispatched
@@ -69,9 +81,19 @@ class Ledger:
             "tokens_received": self.tokens_received,
             "rewards_received": self.rewards_received,
             "reward_errors": self.reward_errors,
+            "reward_sum": self.reward_sum,
             "samples_batched": self.samples_batched,
             "samples_trained": self.samples_trained,
             "batches_sent": self.batches_sent,
+            "groups_dropped": self.groups_dropped,
+            "samples_dropped": self.samples_dropped,
+            "groups_dropped_ids": list(self.dropped_groups),
+            "groups_dropped_by_reason": dict(self.groups_dropped_by_reason),
+            "scores_retried": self.scores_retried,
+            "batches_skipped": dict(self.batches_skipped),
+            "eval_requests_sent": self.eval_requests_sent,
+            "eval_samples_received": self.eval_samples_received,
+            "eval_rewards_received": self.eval_rewards_received,
             "episodes_failed": self.episodes_failed,
             "episodes_discarded": self.episodes_discarded,
             "episodes_withdrawn": self.episodes_withdrawn,
@@ -95,7 +117,9 @@ class Orchestrator:
         reward_workers: list[str],
         trainer: str = "trainer",
         clock: Callable[[], float] = time.monotonic,
+        eval_tasks: list[dict] = (),
     ):
+        """`eval_tasks`: held-out tasks evaluated in rounds (with `cfg.eval`)."""
         self.cfg = cfg
         self.clock = clock  # the simulator passes simulated time
         self.tasks = task_source
@@ -135,6 +159,14 @@ class Orchestrator:
         self.batch_groups: dict[int, list[Group]] = {}  # sent to the trainer, not yet confirmed
         self.outbox: list[tuple[str, Message]] = []
         self.generation_paused = False  # after a resume: until the engines serve the restored weights
+        self.dropped_in_row = 0  # complete groups dropped since one was kept
+        self.score_retries: dict[str, int] = {}  # request id -> failed scores so far (reward.on_error drop)
+        self.evaluator: Evaluator | None = None
+        self.eval_records: list[tuple[int, dict]] = []  # finished rounds (version, record), for the coordinator to log
+        if cfg.eval is not None:
+            room = cfg.rollout.max_model_len - (cfg.eval.max_tokens or cfg.sampling.max_tokens)
+            kept = [(t, ids) for t in eval_tasks if len(ids := encode_prompt(t)) <= room]
+            self.evaluator = Evaluator(cfg.eval, cfg.sampling, [t for t, _ in kept], [ids for _, ids in kept], cfg.trainer.steps, cfg.seed, clock)
 
     # ------------------------------------------------------------ events
 
@@ -144,6 +176,7 @@ class Orchestrator:
             raise KeyError(f"sample {sample.request_id} from {peer} was not requested (or arrived twice)")
         if worker != peer:
             raise KeyError(f"sample {sample.request_id} came from {peer}, but was sent to {worker}")
+        self._check_sample(sample, self.request_sent[sample.request_id])  # before anything changes: a refused sample is still owed
         del self.request_worker[sample.request_id]
         self.gen_queue.done(worker)
         request = self.request_sent.pop(sample.request_id)
@@ -159,6 +192,15 @@ class Orchestrator:
             self.gen_queue.submit(done)
             return
         sample = done
+        if is_eval(sample.request_id):
+            self.ledger.eval_samples_received += 1
+            self.request_sent_at.pop(sample.request_id, None)
+            score, prompt_done = self.evaluator.on_sample(sample)
+            if prompt_done:
+                self.lengths.close_group(sample.group_id)
+                self.gen_queue.forget(sample.group_id)
+            self.score_queue.submit(score)
+            return
         group = self.buffer.add_sample(sample)
         self.ledger.samples_received += 1
         self.ledger.tokens_received += len(sample.token_ids)
@@ -171,6 +213,23 @@ class Orchestrator:
             self.lengths.close_group(sample.group_id)
             self.gen_queue.forget(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
+
+    def _check_sample(self, sample: Sample, request: GenerateRequest | EpisodeRequest) -> None:
+        """A well-formed sample that contradicts what was asked, or what the books hold, is
+        refused whole, so the request stays in flight on its worker and is answered again (or
+        re-queued if the worker dies)."""
+        rid = sample.request_id
+        if sample.group_id != request.group_id:
+            raise KeyError(f"sample {rid} names group {sample.group_id}, but was requested for group {request.group_id}")
+        if is_eval(rid) or isinstance(request, EpisodeRequest):
+            return  # evaluation has no buffer group; an episode's verdict decides (it may be discarded)
+        group = self.buffer.groups.get(request.group_id)
+        if group is None:
+            raise KeyError(f"sample {rid}: group {request.group_id} is not waiting for samples")
+        if rid in group.samples:
+            raise KeyError(f"sample {rid}: its group already holds it")
+        if isinstance(request, GenerateRequest) and len(sample.token_ids) > request.max_tokens:
+            raise ValueError(f"sample {rid} has {len(sample.token_ids)} tokens; at most {request.max_tokens} were asked")
 
     def _on_episode(self, worker: str, sample: Sample) -> None:
         """An episode's sample: keep it (the environment scored it), or discard it (its group is
@@ -198,8 +257,9 @@ class Orchestrator:
                 "sent": self.request_sent_at.pop(rid, None), "finished": self.clock(), "tokens": len(sample.token_ids),
                 "turns": sample.turns, "env_s": sample.env_seconds,
             })
-            self.buffer.add_reward(gid, RewardResult(rid, float(sample.env_reward)))
+            group = self.buffer.add_reward(gid, RewardResult(rid, float(sample.env_reward)))
             self.ledger.rewards_received += 1
+            self.ledger.reward_sum += float(sample.env_reward)
             if self.episodes.is_full(gid):
                 for withdrawn in self.gen_queue.withdraw(gid):
                     self.episodes.on_result(gid, withdrawn.request_id, failed=False)
@@ -210,6 +270,8 @@ class Orchestrator:
                 for w, ids in by_worker.items():
                     self.cancelled.update(ids)
                     self.outbox.append((w, Cancel(ids, reason=f"group {gid} is full")))
+            if group.complete:
+                self._on_group_complete(group)
         self.request_sent_at.pop(rid, None)
         if self.episodes.finished(gid):
             self.gen_queue.forget(gid)
@@ -220,13 +282,64 @@ class Orchestrator:
             raise KeyError(f"reward for {result.request_id} from {peer} was not requested (or arrived twice)")
         if worker != peer:
             raise KeyError(f"reward for {result.request_id} came from {peer}, but was sent to {worker}")
-        del self.score_worker[result.request_id]
-        del self.score_sent[result.request_id]
+        rid = result.request_id
+        group = None
+        if not is_eval(rid):  # checked before anything changes: a refused reward is still owed
+            group = self.buffer.groups.get(rid.rsplit("/", 1)[0])
+            if group is None or rid not in group.samples or rid in group.rewards:
+                raise KeyError(f"reward for {rid}: its group is not waiting for it")
+        del self.score_worker[rid]
+        request = self.score_sent.pop(rid)
         self.score_queue.done(worker)
-        self.buffer.add_reward(result.request_id.rsplit("/", 1)[0], result)
-        self.ledger.rewards_received += 1
+        if is_eval(result.request_id):
+            self.ledger.eval_rewards_received += 1
+            record = self.evaluator.on_reward(result)
+            if record is not None:
+                self.eval_records.append((int(record["version"]), record))
+            return
         if result.error:
             self.ledger.reward_errors += 1
+            if self.cfg.reward.on_error == "drop":
+                tries = self.score_retries[rid] = self.score_retries.get(rid, 0) + 1
+                if tries <= self.cfg.reward.retries:
+                    self.ledger.scores_retried += 1
+                    self.score_queue.submit(request)
+                    return
+                group.failed = group.failed or f"reward failed: {result.error}"[:200]
+        self.score_retries.pop(rid, None)
+        self.buffer.add_reward(group.admission.group_id, result)
+        self.ledger.rewards_received += 1
+        self.ledger.reward_sum += result.reward
+        if group.complete:
+            self._on_group_complete(group)
+
+    def _on_group_complete(self, group: Group) -> None:
+        """A complete group is trained, or dropped: when a reward kept failing (reward.on_error
+        drop: an error is not a real 0), or with dynamic sampling (DAPO) when its rewards are all
+        equal (zero advantage for every sample: it would only spend a batch slot). A dropped
+        group gives its admission back to the gate, which admits a new prompt on the next pump.
+        A run that keeps dropping (a task solved or out of reach, a broken reward) stops and says why."""
+        tc = self.cfg.trainer
+        rewards = [r.reward for r in group.rewards.values()]
+        reason = group.failed
+        if not reason and tc.dynamic_sampling and max(rewards) == min(rewards):
+            reason = "equal rewards"
+        if not reason:
+            self.dropped_in_row = 0
+            return
+        gid = group.admission.group_id
+        self.buffer.drop(gid)
+        self.gate.withdraw(gid)
+        self.ledger.groups_dropped += 1
+        self.ledger.groups_dropped_by_reason["equal rewards" if reason == "equal rewards" else "reward failed"] += 1
+        self.ledger.dropped_groups.append(gid)
+        self.ledger.samples_dropped += len(group.samples)
+        self.dropped_in_row += 1
+        if self.dropped_in_row >= tc.max_dropped_in_row:
+            why = (f"every sample of each scoring the same (the last: {rewards[0]:g}); the task is solved or out of reach for "
+                   "this policy. Change the task, or turn trainer.dynamic_sampling off" if reason == "equal rewards" else
+                   f"the last because its {reason}. Fix the reward function, or set reward.on_error: zero")
+            raise RuntimeError(f"{self.dropped_in_row} groups dropped in a row, {why} (trainer.max_dropped_in_row)")
 
     def on_worker_lost(self, worker: str) -> None:
         """A rollout or reward worker died: dispatch nothing more to it and send what it held to
@@ -271,24 +384,40 @@ class Orchestrator:
         if version < self.engine_version:
             raise ValueError(f"weight version went from {self.engine_version} back to {version}")
         self.engine_version = version
+        self._evaluate_if_due()
 
-    def on_step_trained(self, version: int) -> list[Group]:
-        """The trainer finished the batch with index version - 1 (and broadcast the result)."""
+    def _evaluate_if_due(self) -> None:
+        """Start an evaluation round if the engines' version calls for one (see `evaluation`)."""
+        if self.evaluator is None or self.generation_paused or not self.evaluator.due(self.engine_version):
+            return
+        for req in self.evaluator.start(self.engine_version):
+            self.lengths.add_group(req.group_id, req.prompt_ids)
+            self.gen_queue.submit(self.divided.first(req))
+
+    def on_step_trained(self, version: int, skipped: str = "") -> list[Group]:
+        """The trainer finished the batch with index version - 1 (and broadcast the result);
+        `skipped`: why it learned nothing from it (e.g. a non-finite gradient)."""
+        if version != self.trained_version + 1:
+            raise KeyError(f"trainer reported step {version}; the next step is {self.trained_version + 1}")
         groups = self.batch_groups.pop(version - 1, None)
         if groups is None:
             raise KeyError(f"trainer reported step {version}, but batch {version - 1} was never sent")
+        if skipped:
+            self.ledger.batches_skipped[skipped] += 1
         self.trained_version = version
         self.ledger.samples_trained += sum(g.size for g in groups)
         return groups
 
     @property
     def done(self) -> bool:
-        return self.trained_version >= self.cfg.trainer.steps
+        """Every step trained and the last evaluation round (at the final weights) scored."""
+        return self.trained_version >= self.cfg.trainer.steps and (self.evaluator is None or self.evaluator.idle)
 
     # ------------------------------------------------------------ scheduling
 
     def pump(self) -> None:
         if not self.generation_paused:
+            self._evaluate_if_due()
             self._admit()
         for worker, req in ([] if self.generation_paused else self.gen_queue.assignments()):
             self.request_worker[req.request_id] = worker
@@ -296,7 +425,10 @@ class Orchestrator:
             self.chunk_worker.pop(req.request_id, None)
             if req.request_id not in self.request_sent_at:  # first chunk, not a re-queued request
                 self.request_sent_at[req.request_id] = self.clock()
-                self.ledger.requests_sent += 1
+                if is_eval(req.request_id):
+                    self.ledger.eval_requests_sent += 1
+                else:
+                    self.ledger.requests_sent += 1
             self.outbox.append((worker, req))
         for worker, req in self.score_queue.assignments():
             self.score_worker[req.sample.request_id] = worker

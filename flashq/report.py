@@ -59,6 +59,14 @@ def summarize(run_dir: Path) -> dict:
         out["rejected_frames"] = sum(books.get("rejected_frames", {}).values())
     if sft:
         out["sft"] = sft
+    evals = read_metrics(run_dir / "metrics.jsonl", kind="eval")
+    if evals:  # held-out evaluation: the first round (the starting policy) and the last (the final one)
+        first, last = evals[0], evals[-1]
+        keep = lambda r: {k: v for k, v in r.items() if k not in ("kind", "time")}  # noqa: E731
+        out["eval_first"], out["eval_last"] = keep(first), keep(last)
+        for key in ("greedy_accuracy", "mean_reward"):
+            if key in first and key in last:
+                out[f"eval_{key}_gain"] = last[key] - first[key]
     return out
 
 
@@ -78,6 +86,13 @@ def plot(run_dir: Path, path: Path | None = None) -> Path:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
     ax1.plot(x, rewards, color="tab:blue", alpha=0.3, label="batch mean reward")
     ax1.plot(x, smooth(rewards, max(1, len(x) // 10)), color="tab:blue", label="smoothed")
+    evals = read_metrics(run_dir / "metrics.jsonl", kind="eval")
+    if evals:
+        ex = [r["step"] for r in evals]
+        for key, style in (("greedy_accuracy", "s-"), ("mean_reward", "o--")):
+            if key in evals[0]:
+                ax1.plot(ex, [r.get(key, np.nan) for r in evals], style, color="tab:red" if key == "greedy_accuracy" else "tab:orange",
+                         ms=4, lw=1, label=f"held-out {key.replace('_', ' ')}")
     ax1.set_ylabel("reward")
     ax1.set_ylim(-0.02, 1.02)
     ax1.legend(loc="upper left")
@@ -107,6 +122,11 @@ def summary_text(s: dict) -> str:
     ]
     if "samples_trained" in s:
         lines.append(f"samples trained {s['samples_trained']}, rejected frames {s.get('rejected_frames', 0)}")
+    if "eval_first" in s:
+        first, last = s["eval_first"], s["eval_last"]
+        shown = [k for k in ("greedy_accuracy", "mean_reward") + tuple(k for k in last if k.startswith("pass@")) if k in first and k in last]
+        lines.append(f"held-out eval (version {first['step']} -> {last['step']}): "
+                     + ", ".join(f"{k} {first[k]:.3f} -> {last[k]:.3f}" for k in shown))
     if "sampled_accuracy" in s.get("sft", {}):
         lines.append(f"SFT warm start: sampled accuracy {s['sft']['sampled_accuracy']:.3f}, greedy {s['sft']['greedy_accuracy']:.3f}")
     return "\n".join(lines)

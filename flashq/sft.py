@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from flashq.config import FlashqConfig
-from flashq.data import chat_messages, make_task_source
+from flashq.data import chat_messages, training_tasks
 from flashq.rewards import load_reward_fn
 
 log = logging.getLogger("flashq.sft")
@@ -34,7 +34,8 @@ def output_dir(cfg: FlashqConfig) -> Path:
         return cfg.sft.output_dir
     key = json.dumps(
         {"model": cfg.model.model_dump(mode="json"), "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
-         **({"env": cfg.env.model_dump(mode="json")} if cfg.env is not None else {})},
+         **({"env": cfg.env.model_dump(mode="json")} if cfg.env is not None else {}),
+         **({"holdout": cfg.eval.holdout} if cfg.eval is not None and cfg.eval.task is None else {})},  # SFT never sees held-out prompts
         sort_keys=True,
     )
     return cfg.model.cache_dir / f"sft-{cfg.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
@@ -107,7 +108,7 @@ def run_sft(cfg: FlashqConfig) -> Path:
     torch.manual_seed(sc.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
-    source = make_task_source(cfg.task.model_copy(update={"seed": cfg.task.seed + 1_000_003 + sc.seed}))
+    source = training_tasks(cfg, cfg.task.model_copy(update={"seed": cfg.task.seed + 1_000_003 + sc.seed}))
     demo = env_demonstrations(cfg) if cfg.env is not None else None
     system = cfg.task.system_prompt
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
@@ -135,7 +136,7 @@ def run_sft(cfg: FlashqConfig) -> Path:
             log.info("sft step %d/%d  loss %.4f", step + 1, sc.steps, loss.item())
     summary = {"steps": sc.steps, "examples": next_task, "seconds": time.monotonic() - t0, "final_loss": loss.item()}
     if demo is None:  # an environment's reward is measured by playing it, in the RL run
-        eval_source = make_task_source(cfg.task.model_copy(update={"seed": cfg.task.seed + 2_000_003 + sc.seed}))
+        eval_source = training_tasks(cfg, cfg.task.model_copy(update={"seed": cfg.task.seed + 2_000_003 + sc.seed}))
         reward_fn = load_reward_fn(cfg.reward.function)
         summary.update(evaluate(model, tokenizer, eval_source, system, reward_fn, sc.eval_prompts, cfg.sampling.max_tokens, device))
         log.info("sft greedy accuracy %.3f, sampled (T=1) accuracy %.3f", summary["greedy_accuracy"], summary["sampled_accuracy"])

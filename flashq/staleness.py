@@ -64,6 +64,13 @@ class StalenessGate:
         self.admitted += 1
         return Admission(group_id, engine_version, deadline)
 
+    def withdraw(self, group_id: str) -> None:
+        """A pending group that will never be trained (dynamic sampling dropped it): it gives
+        back its admission, so another group may take its place. The rule above still holds:
+        `admitted` counts the groups that need a batch, and only they take batch slots."""
+        del self.pending[group_id]
+        self.admitted -= 1
+
     def select_batch(self, complete: set[str]) -> list[str] | None:
         """Group ids for batch `next_batch`, or None if it must wait; marks them batched."""
         b, B = self.next_batch, self.batch_groups

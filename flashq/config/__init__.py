@@ -24,6 +24,7 @@ from flashq.config.sections import (  # noqa: F401 - the sections are part of th
     FileTaskConfig,
     ReasoningGymConfig,
     TaskConfig,
+    EvalConfig,
     ForcedLengths,
     EnvConfig,
     SamplingConfig,
@@ -54,6 +55,7 @@ class FlashqConfig(Section):
     task: TaskConfig = TaskConfig()
     sampling: SamplingConfig = SamplingConfig()
     env: EnvConfig | None = Field(None, description="Set to train on a multi-turn environment instead of single-turn tasks.")
+    eval: EvalConfig | None = Field(None, description="Set to evaluate on held-out prompts during training.")
     rollout: RolloutConfig = RolloutConfig()
     reward: RewardConfig = RewardConfig()
     trainer: TrainerConfig = TrainerConfig()
@@ -91,6 +93,14 @@ class FlashqConfig(Section):
             raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
         if self.env is not None and (self.rollout.scheduler != "fifo" or self.rollout.chunk_tokens or fl is not None):
             raise ValueError("env episodes run with rollout.scheduler fifo, no rollout.chunk_tokens and no sampling.forced_lengths")
+        if self.eval is not None:
+            if self.env is not None:
+                raise ValueError("eval: evaluation runs single-turn tasks; environment episodes are not evaluated yet (remove eval:)")
+            if fl is not None:
+                raise ValueError("eval: benchmark replays (sampling.forced_lengths) have no answers to evaluate (remove eval:)")
+            if self.eval.task is not None and self.eval.task == self.task:
+                raise ValueError("eval.task is the training task: its prompts would be trained on; leave eval.task unset to hold out "
+                                 "eval.holdout of them instead")
         gpus, want = self.placement.rollout_gpus, self.rollout.num_workers * self.rollout.tensor_parallel_size
         if gpus and len(gpus) != want:
             raise ValueError(
@@ -110,6 +120,16 @@ class FlashqConfig(Section):
         return math.ceil(self.async_ratio)
 
     @property
+    def message_limit_bytes(self) -> int:
+        """The largest message a socket accepts: `transport.max_message_mb`, raised to the largest
+        batch this config can make (every sequence max_model_len tokens long, 17 bytes a token:
+        prompt or response id, logprob, version, loss-mask byte; 128 a sequence for its id, group,
+        reward, offsets and finish reason), so a batch is never refused for its size."""
+        sequences = self.trainer.batch_groups * self.sampling.group_size
+        largest_batch = sequences * (17 * self.rollout.max_model_len + 128) + (64 << 10)
+        return max(self.transport.max_message_mb << 20, largest_batch)
+
+    @property
     def total_groups(self) -> int:
         return self.trainer.steps * self.trainer.batch_groups
 
@@ -123,7 +143,7 @@ class FlashqConfig(Section):
 
 
 ROLE_SECTIONS = {
-    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "env", "trainer", "rollout", "reward", "transport", "log", "fault", "resume_from"],
+    "coordinator": ["name", "seed", "async_ratio", "model", "task", "sampling", "env", "eval", "trainer", "rollout", "reward", "transport", "log", "fault", "resume_from"],
     "rollout": ["name", "seed", "model", "env", "rollout", "weight_sync", "transport", "log"],
     "reward": ["name", "model", "reward", "transport", "log"],
     "trainer": ["name", "seed", "async_ratio", "model", "sampling", "env", "trainer", "weight_sync", "transport", "log", "fault", "resume_from"],

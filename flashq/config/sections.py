@@ -73,6 +73,31 @@ class TaskConfig(Section):
         return self
 
 
+class EvalConfig(Section):
+    """Evaluation during training on held-out prompts (`flashq/evaluation.py`)."""
+
+    every: int = Field(0, ge=0, description="A round whenever the engines start serving a multiple of this version; 0: only at the start and the end.")
+    prompts: int = Field(64, ge=1, description="Held-out prompts per round (the same ones every round).")
+    samples: int = Field(4, ge=1, description="Sampled responses per prompt, at sampling.temperature: mean reward and pass@k.")
+    k: list[int] = Field([1], description="pass@k for each k (Chen et al. 2021's unbiased estimator); each at most `samples`.")
+    greedy: bool = Field(True, description="Also one temperature-0 response per prompt: greedy accuracy.")
+    pass_threshold: float = Field(1.0, description="A response passes (pass@k, greedy accuracy) when its reward is at least this.")
+    max_tokens: int | None = Field(None, ge=1, description="Default: sampling.max_tokens.")
+    holdout: float = Field(
+        0.1, gt=0, lt=1,
+        description="Without eval.task: this share of the training task source's prompts (by a hash of the prompt) is kept "
+        "out of training and SFT, and evaluated on.",
+    )
+    task: TaskConfig | None = Field(None, description="A task source of its own to evaluate on (then training keeps every prompt).")
+
+    @model_validator(mode="after")
+    def _k(self) -> EvalConfig:
+        bad = [k for k in self.k if not 1 <= k <= self.samples]
+        if bad:
+            raise ValueError(f"eval.k {bad}: each k must be between 1 and eval.samples ({self.samples})")
+        return self
+
+
 class ForcedLengths(Section):
     """Replay a fixed heavy-tailed output-length distribution (benchmarks): request k of the run
     generates exactly L_k tokens, L_k ~ lognormal(median, sigma) clipped to [min, max]."""
@@ -137,7 +162,12 @@ class RolloutConfig(Section):
     )
     recompute_kv_on_update: bool = Field(
         True,
-        description="After a weight update, re-prefill in-flight requests so later tokens are exactly on-policy for the new version.",
+        description="After a weight update, in-flight requests re-prefill (prompt and tokens so far) under the new weights, so "
+        "every later token is computed by the version it is labelled with; costs one re-prefill of each in-flight request "
+        "per update (no measurable difference on the quickstart job). False keeps their keys and values from older weights: "
+        "later tokens are labelled with the new version but attend to older ones. The behaviour logprobs are what vLLM "
+        "computed either way (importance weights stay exact), and the staleness bound holds (the old keys and values are "
+        "never older than the group's admission version); only the per-token staleness metrics read up to one version low.",
     )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM AsyncEngineArgs.")
     scheduler: Literal["fifo", "context_aware", "oracle"] = Field(
@@ -182,6 +212,12 @@ class RewardConfig(Section):
     )
     pool_workers: int = Field(1, ge=1, description="Processes (or threads) per reward worker.")
     max_inflight_per_worker: int = Field(64, ge=1)
+    on_error: Literal["drop", "zero"] = Field(
+        "drop",
+        description="A reward that raised or timed out: drop: score it again (up to `retries` times), then drop its group "
+        "(counted with the reason; another prompt takes its place); zero: train it as a reward of 0.",
+    )
+    retries: int = Field(1, ge=0, description="on_error drop: how many times a failed reward is scored again first.")
 
 
 class LossConfig(Section):
@@ -256,6 +292,18 @@ class TrainerConfig(Section):
         "gives the same logprobs both ways at start.",
     )
     minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
+    max_nonfinite_in_row: int = Field(
+        3, ge=1, description="A batch whose gradient is not finite is skipped (counted); this many in a row stops the run."
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: a group whose rewards are all equal (no advantage to learn from) is dropped "
+        "when it completes, and another prompt is admitted in its place, so batches stay full and the staleness bound holds.",
+    )
+    max_dropped_in_row: int = Field(
+        200, ge=1, description="Stop the run, saying why, when this many complete groups in a row were dropped (dynamic "
+        "sampling, or rewards that kept failing)."
+    )
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
     keep_checkpoints: int = Field(2, ge=1)
     loss: LossConfig = LossConfig()
@@ -289,7 +337,9 @@ class TransportConfig(Section):
     host: str = Field("127.0.0.1", description="The coordinator binds here; loopback unless configured.")
     port: int = Field(0, ge=0, le=65535, description="0: the launcher picks a free port.")
     hwm: int = Field(1000, ge=1)
-    max_message_mb: int = Field(256, ge=1)
+    max_message_mb: int = Field(
+        256, ge=1, description="Largest message a socket accepts; raised at start to the largest batch the config can make."
+    )
     heartbeat_s: float = Field(2.0, gt=0)
     liveness_timeout_s: float = Field(120.0, gt=0)
     startup_timeout_s: float = Field(900.0, gt=0)
@@ -336,6 +386,11 @@ class LogConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING"] = "INFO"
     request_trace: bool = Field(False, description="Write requests.jsonl: when each response was sent and finished.")
     vllm_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("WARNING", description="vLLM's own log level.")
+    trackers: list[Literal["wandb", "trackio"]] = Field(
+        [], description="Experiment trackers beside TensorBoard, same metric names (optional extras: pip install 'flashq[wandb]' "
+        "or 'flashq[trackio]'). W&B follows its own WANDB_MODE (offline works); trackio writes locally."
+    )
+    project: str = Field("flashq", description="The trackers' project; the run is named after its directory.")
 
 
 class RayRoleResources(Section):

@@ -53,7 +53,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def connect(cfg: FlashqConfig, address: str, role: str) -> Link:
     t = cfg.transport
-    return Link(address, role, hwm=t.hwm, max_message_bytes=t.max_message_mb << 20, curve_keys=t.curve_keys)
+    return Link(address, role, hwm=t.hwm, max_message_bytes=cfg.message_limit_bytes, curve_keys=t.curve_keys)
 
 
 async def handshake(link: Link, cfg: FlashqConfig, hello: Hello) -> Start:

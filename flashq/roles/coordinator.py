@@ -23,8 +23,9 @@ import numpy as np
 
 from flashq import checkpoint
 from flashq.config import FlashqConfig
-from flashq.data import chat_messages, make_task_source
+from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.metrics import MetricsLog
+from flashq.trackers import make_trackers
 from flashq.orchestrator import Orchestrator
 from flashq.protocol import (
     BatchRequest,
@@ -73,6 +74,8 @@ class Coordinator:
         self.worker_stats: dict[str, dict[str, float]] = {}
         self.prev_clock: dict[str, tuple[float, float]] = {}
         self.prev_tokens = 0
+        self.prev_dropped = 0  # dynamic sampling: groups dropped by the last logged step
+        self.prev_scored = (0, 0.0)  # rewards received and their sum by the last logged step
         self.prev_spec: dict[str, tuple[float, float, float]] = {}  # rollout worker -> its last speculation counters
         self.started = time.monotonic()
         self.last_step_at = self.started
@@ -89,7 +92,7 @@ class Coordinator:
         from transformers import AutoTokenizer
 
         t = self.cfg.transport
-        self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=t.max_message_mb << 20, curve_keys=t.curve_keys)
+        self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=self.cfg.message_limit_bytes, curve_keys=t.curve_keys)
         log.info("coordinator listening on %s", self.hub.address)
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
 
@@ -99,27 +102,34 @@ class Coordinator:
             text = tokenizer.apply_chat_template(chat_messages(task, system_prompt), add_generation_prompt=True, tokenize=False)
             return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
 
-        self.orch = Orchestrator(self.cfg, make_task_source(self.cfg.task), encode, self.rollouts, self.rewards)
+        self.orch = Orchestrator(self.cfg, training_tasks(self.cfg), encode, self.rollouts, self.rewards, eval_tasks=evaluation_tasks(self.cfg))
         if self.cfg.resume_from:
             state = checkpoint.decode_state((self.cfg.resume_from / "coordinator.msgpack").read_bytes())
             self.orch.restore(state)
             truncate_metrics(self.run_dir / "metrics.jsonl", state.version)
             log.info("resuming at version %d: %d groups restored, next task %d", state.version, len(state.groups), state.next_task)
+            books = self.orch.ledger  # per-step rates count from the restored books, not from zero
+            self.prev_tokens, self.prev_dropped = books.tokens_received, books.groups_dropped
+            self.prev_scored = (books.rewards_received, books.reward_sum)
         self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.log.tensorboard)
+        ok = False
         try:
+            lc = self.cfg.log
+            self.metrics.trackers = make_trackers(lc.trackers, lc.project, self.run_dir, self.cfg.model_dump(mode="json"))
             await self._startup()
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(self._tick())
                 await self._serve()
                 ticker.cancel()
             await self._broadcast(Shutdown(reason="training finished"))
+            ok = True
         except BaseException as e:
             reason = e.exceptions[0] if isinstance(e, BaseExceptionGroup) else e
             await self._broadcast(Shutdown(reason=f"coordinator stopping: {reason}"))
             raise
         finally:
             self._write_ledger()
-            self.metrics.close()
+            self.metrics.close(ok)
             await asyncio.sleep(0.2)
             self.hub.close()
 
@@ -188,13 +198,15 @@ class Coordinator:
         elif isinstance(msg, RewardResult):
             orch.on_reward(peer, msg)
         elif isinstance(msg, BatchRequest):
+            self._from_trainer(peer, msg)
             orch.on_batch_request(msg.credits)
         elif isinstance(msg, WeightSyncCall):
             self._fan_out(peer, msg)
         elif isinstance(msg, WeightSyncReply):
             self._gather(peer, msg)
         elif isinstance(msg, StepStats):
-            orch.on_step_trained(msg.step)
+            self._from_trainer(peer, msg)
+            orch.on_step_trained(msg.step, skipped="non-finite gradient norm" if msg.metrics.get("train/skipped_nonfinite") else "")
             if msg.metrics.get("checkpoint"):
                 path = checkpoint.complete(self.run_dir, msg.step, orch.snapshot(msg.step), self.cfg.trainer.keep_checkpoints)
                 log.info("checkpoint %s", path)
@@ -208,11 +220,21 @@ class Coordinator:
         elif not isinstance(msg, Heartbeat):
             raise ValueError(f"unexpected {type(msg).__name__}")
 
+    @staticmethod
+    def _from_trainer(peer: str, msg: Message) -> None:
+        if peer != "trainer":
+            raise ValueError(f"{type(msg).__name__} from {peer}; only the trainer sends it")
+
     async def _pump(self) -> None:
         self.orch.pump()
         if self.orch.finished_requests:
             self._trace(self.orch.finished_requests)
             self.orch.finished_requests = []
+        for version, record in self.orch.eval_records:
+            self.metrics.write(version, record, kind="eval")
+            log.info("eval at version %d: %s", version,
+                     "  ".join(f"{k} {v:.3f}" for k, v in record.items() if k in ("mean_reward", "greedy_accuracy") or k.startswith("pass@")))
+        self.orch.eval_records = []
         outbox, self.orch.outbox = self.orch.outbox, []
         lost = False
         for peer, msg in outbox:
@@ -309,6 +331,12 @@ class Coordinator:
                     self._finish_sync(call_id, pending)
         if peer in self.group or peer in self.announced:
             self._regroup(f"{peer} lost")
+        serving = [r for r in self.rollouts if r in self.alive and r not in self.awaiting_weights]
+        evaluator = self.orch.evaluator
+        if self.orch.trained_version >= self.cfg.trainer.steps and evaluator is not None and not evaluator.idle and not serving:
+            # training is over, so no push will bring a restarted engine the final weights
+            log.warning("%s lost during the final evaluation round, and no engine serves the final weights: round abandoned", peer)
+            self._fault({"peer": peer, "event": "eval_abandoned", "rounds": evaluator.abandon()})
 
     async def _rejoin(self, peer: str, hello: Hello) -> None:
         """A restarted worker said hello: start it; a rollout worker joins the next weight group."""
@@ -402,6 +430,19 @@ class Coordinator:
         rec["trainer/idle_share"] = min(1.0, stats.metrics.get("trainer/wait_s", 0.0) / max(step_s, 1e-9))
         rec["engine_version"] = float(self.orch.engine_version)
         rec["groups_admitted"] = float(self.orch.ledger.groups_admitted)
+        # every sample scored since the last step, trained or not: the rollout policy's own reward
+        # (the trainer's reward/mean covers what it trained, which dynamic sampling selects)
+        books = self.orch.ledger
+        rec["samples_scored_total"] = float(books.rewards_received)
+        scored = books.rewards_received - self.prev_scored[0]
+        if scored:
+            rec["reward/scored_mean"] = (books.reward_sum - self.prev_scored[1]) / scored
+        self.prev_scored = (books.rewards_received, books.reward_sum)
+        if self.cfg.trainer.dynamic_sampling:
+            dropped = self.orch.ledger.groups_dropped
+            rec["dynamic_sampling/groups_dropped_total"] = float(dropped)
+            rec["dynamic_sampling/groups_dropped"] = float(dropped - self.prev_dropped)
+            self.prev_dropped = dropped
         rec["rejected_frames"] = float(sum(self.hub.rejected.values()))
         if self.orch.episodes is not None:
             books = self.orch.ledger
@@ -491,7 +532,12 @@ class Coordinator:
 
 
 def truncate_metrics(path: Path, version: int) -> None:
-    """Drop step records after the checkpoint being resumed; they are about to be redone."""
+    """Drop the records about to be redone: steps after the checkpoint being resumed, and
+    evaluation rounds from its version on (the round at that version runs again, same seeds)."""
+    def kept(rec: dict) -> bool:
+        step = rec.get("step", 0)
+        return step < version if rec.get("kind") == "eval" else step <= version
+
     if path.exists():
-        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= version]
-        path.write_text("".join(line + "\n" for line in kept))
+        lines = [line for line in path.read_text().splitlines() if line.strip() and kept(json.loads(line))]
+        path.write_text("".join(line + "\n" for line in lines))

@@ -110,7 +110,7 @@ class TrainerRole:
                 sync_s = await self._settle_push()
             metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})  # the last finished push's
             metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s, "trainer/push_wait_s": self.push_wait_s})
-            record.write(json.dumps(trained_record(batch, learner.version)) + "\n")
+            record.write(json.dumps(trained_record(batch, learner.version, skipped=bool(metrics["train/skipped_nonfinite"]))) + "\n")
             if self._checkpoint_due(learner.version):
                 t0 = time.monotonic()
                 await loop.run_in_executor(self.pool, self._lead, learner, "save", learner.version)
@@ -120,10 +120,9 @@ class TrainerRole:
         await self._settle_push()
         if learner.ranks.sharded:
             await loop.run_in_executor(self.pool, self._lead, learner, "stop", None)
-        try:
-            await asyncio.wait_for(self.shutdown.wait(), self.cfg.transport.liveness_timeout_s)
-        except asyncio.TimeoutError:
-            raise PeerLost("trained every step but the coordinator never said shutdown") from None
+        # the coordinator may still be evaluating the final weights; the heartbeat loop beside
+        # this one raises if it goes silent
+        await self.shutdown.wait()
         await loop.run_in_executor(self.pool, self.pusher.close)
         self.push_pool.shutdown(wait=False)
 
@@ -310,16 +309,20 @@ def open_trained_record(path: Path, version: int):
     return path.open("a", buffering=1)
 
 
-def trained_record(batch: TrainBatch, version_after: int) -> dict:
+def trained_record(batch: TrainBatch, version_after: int, skipped: bool = False) -> dict:
     """What the trainer trained at version `version_after - 1`: request ids and their token
-    version range, for auditing staleness and exactly-once afterwards."""
+    version range, for auditing staleness and exactly-once afterwards. A batch skipped for a
+    non-finite gradient is recorded with the reason (its samples were consumed, not learned)."""
     versions = np.asarray(batch.versions)
     offsets = batch.response_offsets
     per_request = []
     for i, rid in enumerate(batch.request_ids):
         v = versions[offsets[i] : offsets[i + 1]]
         per_request.append([rid, int(v.min()) if len(v) else -1, int(v.max()) if len(v) else -1, int(len(v))])
-    return {"trainer_version": version_after - 1, "batch_index": batch.batch_index, "requests": per_request}
+    record = {"trainer_version": version_after - 1, "batch_index": batch.batch_index, "requests": per_request}
+    if skipped:
+        record["skipped"] = "non-finite gradient norm"
+    return record
 
 
 def _scalars(metrics: dict) -> dict[str, float]:

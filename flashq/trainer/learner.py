@@ -26,7 +26,15 @@ from flashq.protocol import TrainBatch
 from flashq.trainer import parallel
 from flashq.trainer.logprobs import install_logprob_head, token_logprobs
 from flashq.trainer.packing import PackedRows, check_isolation, first_fit_rows, pack, unpack
-from flashq.trainer.shared_prompts import SharedPromptRows, check_sharing, distinct_prompts, layout, shared_cost, shared_token_logprobs
+from flashq.trainer.shared_prompts import (
+    SharedPromptRows,
+    check_sharing,
+    distinct_prompts,
+    layout,
+    shared_cost,
+    shared_token_logprobs,
+    unsupported,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +122,7 @@ class Learner:
             self.reference = self._policy_model(reference_path or model_path).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.version = 0
+        self.nonfinite_in_row = 0  # batches skipped for a non-finite gradient since one was applied
         self.temperature = cfg.sampling.temperature or 1.0
         # forced lengths set min_tokens: vLLM masks the stop tokens before its logprobs, and so must we
         self.banned = None
@@ -122,6 +131,8 @@ class Learner:
         if tc.packing:
             self._check_packing()
         self.share_prompts = self._check_sharing()
+        if self.ranks.sharded:  # FSDP2 leaves the root's parameters gathered after the checks' forwards
+            self.model.reshard()
         # Dr. GRPO's constant: the most tokens one sample can train (an episode has several turns)
         self.max_sample_tokens = cfg.sampling.max_tokens * (cfg.env.max_turns if cfg.env is not None else 1)
 
@@ -178,14 +189,23 @@ class Learner:
             return token_logprobs(self.model, ids, attn, 1.0)[0]
 
         name = type(self.model).__name__
-        try:
-            gap = check_sharing(self.model, logprobs, self.model.config.vocab_size, self.device)
-            why = f"{name} gives logprobs {gap:.3g} apart with shared prompt passes"
-        except (RuntimeError, ValueError, TypeError, IndexError) as e:  # e.g. a cache that cannot be repeated per sample
-            gap, why = float("inf"), f"{name} fails with shared prompt passes ({type(e).__name__}: {e})"[:400]
-        if self.ranks.sharded:  # FSDP2 leaves the root's parameters gathered after a forward without backward
-            self.model.reshard()
-        if gap <= 1e-3:
+        # both layouts compute in compute_dtype: bfloat16 alone moves logprobs by about 1e-2
+        tolerance = 1e-3 if self.compute_dtype == torch.float32 else 5e-2
+        why = unsupported(self.model.config)
+        gap = float("inf")
+        if why is not None:
+            why = f"{name}: {why}"
+        else:
+            self.model.eval()  # no dropout: the same function both ways
+            try:
+                with self._autocast():
+                    gap = check_sharing(self.model, logprobs, self.model.config.vocab_size, self.device)
+                why = f"{name} gives logprobs {gap:.3g} apart with shared prompt passes (tolerance {tolerance:g})"
+            except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError) as e:  # e.g. a cache it cannot repeat
+                why = f"{name} fails with shared prompt passes ({type(e).__name__}: {e})"[:400]
+            finally:
+                self.model.train()
+        if gap <= tolerance:
             return True
         if tc.share_prompts:
             raise ValueError(f"trainer.share_prompts: {why}; set trainer.share_prompts: false for this model")
@@ -225,6 +245,7 @@ class Learner:
 
         totals: dict[str, float] = {}
         losses, grad_norms = [], []
+        skipped = False
         world = self.ranks.world_size
         for mb, indices in zip(plan, minibatches):
             # normalised over the whole minibatch on every rank; FSDP averages gradients over
@@ -269,20 +290,36 @@ class Learner:
                     totals[k] = totals.get(k, 0.0) + (v * share if tokens > 0 else 0.0)
             grad_norm = parallel.scalar(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip))
             if not np.isfinite(grad_norm):
-                raise FloatingPointError(f"non-finite gradient norm at version {self.version}; the step was not applied")
+                # the rest of this batch is skipped, not retried: the same batch would give the same
+                # gradient. The version still advances (batch b is trained at version b)
+                self.optimizer.zero_grad(set_to_none=True)
+                self.nonfinite_in_row += 1
+                if self.nonfinite_in_row >= tc.max_nonfinite_in_row:
+                    raise FloatingPointError(
+                        f"non-finite gradient norm in {self.nonfinite_in_row} batches in a row (the last at version {self.version}); "
+                        "lower trainer.lr or raise trainer.max_nonfinite_in_row"
+                    )
+                log.warning("non-finite gradient norm at version %d: batch %d skipped (%d in a row)",
+                            self.version, batch.batch_index, self.nonfinite_in_row)
+                skipped = True
+                break
             if before_update is not None:
                 before_update()
                 before_update = None
             self.optimizer.step()
             losses.append(loss_sum)
             grad_norms.append(grad_norm)
-        totals = parallel.all_reduce_sum({**totals, "_loss": float(np.mean(losses))}, self.ranks)
+        if not skipped:
+            self.nonfinite_in_row = 0
+        totals = parallel.all_reduce_sum({**totals, "_loss": float(np.mean(losses)) if losses else 0.0}, self.ranks)
         self.version += 1
         return {
             "loss": totals.pop("_loss"),
-            "grad_norm": float(np.mean(grad_norms)),
+            "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
+            "train/skipped_nonfinite": float(skipped),  # its optimizer step (or the rest of its minibatches) not applied
             "reward/mean": float(rewards.mean()) if n_seq else 0.0,
             "reward/std": float(rewards.std()) if n_seq > 1 else 0.0,
+            "train/zero_variance_groups": float(zero_variance_groups(batch)),  # no advantage: dynamic sampling drops them
             "advantage/abs_mean": float(adv.abs().mean()) if n_seq else 0.0,
             "response/mean_tokens": float(resp_lens.mean()) if n_seq else 0.0,
             "response/max_tokens": float(resp_lens.max()) if n_seq else 0.0,
@@ -334,8 +371,10 @@ class Learner:
         lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
         if not self.ranks.sharded:
             return [self._micro(batch, chunk, adv, int(lens[indices].max())) for chunk in self._micro_batches(batch, indices)]
-        if self.share_prompts:  # a prompt's sequences stay on one rank, which computes its prompt once
-            _, prompt_of = distinct_prompts([batch.prompt_ids[batch.prompt_offsets[i] : batch.prompt_offsets[i + 1]] for i in indices])
+        _, prompt_of = distinct_prompts([batch.prompt_ids[batch.prompt_offsets[i] : batch.prompt_offsets[i + 1]] for i in indices])
+        if self.share_prompts and prompt_of.max() + 1 >= self.ranks.world_size:
+            # a prompt's sequences stay on one rank, which computes the prompt once (with fewer
+            # prompts than ranks, sequences are spread instead, so that no rank only pads)
             units = [indices[prompt_of == k] for k in range(prompt_of.max() + 1)]
             r_lens = np.diff(batch.response_offsets)
             cost = np.array([lens[u[0]] + (len(u) - 1) * r_lens[u].max() for u in units])
@@ -452,6 +491,13 @@ class Learner:
             tokens=int(rows.prompt_attn.sum() + rows.response_attn.sum()),
             shared=rows,
         )
+
+
+def zero_variance_groups(batch: TrainBatch) -> int:
+    """Groups of the batch whose samples all scored the same."""
+    groups = np.asarray(batch.group_index)
+    rewards = np.asarray(batch.rewards)
+    return sum(int(np.ptp(rewards[groups == g]) == 0) for g in np.unique(groups))
 
 
 def trained_lengths(batch: TrainBatch) -> np.ndarray:

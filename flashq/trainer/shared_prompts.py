@@ -118,6 +118,26 @@ def shared_token_logprobs(
     return logp, entropy
 
 
+def unsupported(config) -> str | None:
+    """Why a model's attention cannot share prompt passes laid out this way, or None. A sliding
+    window measures distance in padded positions and its cache keeps only the window's tail,
+    so a shorter prompt's responses would lose part of it; a rope scaled by the sequence length
+    sees the two passes' lengths, not the sequence's. Neither shows on the short probe of
+    `check_sharing`."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        other = sorted({t for t in layer_types if t != "full_attention"})
+        if other:
+            return f"its {', '.join(other)} layers measure distance in padded positions"
+    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "its sliding-window attention measures distance in padded positions"
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None)
+    kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+    if kind in ("dynamic", "longrope"):
+        return f"its rope ({kind}) depends on the sequence length"
+    return None
+
+
 def check_sharing(model: torch.nn.Module, logprobs, vocab: int, device: torch.device) -> float:
     """The largest gap between logprobs computed with shared prompt passes and as whole rows
     (`logprobs(ids, attn)` -> [B, T-1]): a model whose cache or masks do not work this way

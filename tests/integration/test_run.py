@@ -35,7 +35,7 @@ def check_books(run_dir, alpha, steps, group_size=4, batch_groups=4):
     ids = [rid for _, rid, _, _ in trained]
     # exactly once: every admitted prompt's samples were trained, none twice, none in flight
     assert len(ids) == len(set(ids)) == steps * batch_groups * group_size
-    assert ledger["groups_admitted"] * group_size == len(ids) == ledger["samples_trained"]
+    assert (ledger["groups_admitted"] - ledger["groups_dropped"]) * group_size == len(ids) == ledger["samples_trained"]
     assert ledger["requests_in_flight"] == 0 and ledger["samples_in_buffer"] == 0 and ledger["finished"]
     # the staleness invariant, over every trained token (its sample's oldest token bounds them all)
     bound = math.ceil(alpha)
@@ -68,13 +68,25 @@ def test_async_run_keeps_staleness_bounded_and_trains_every_sample_once(tmp_path
     assert sent and sum(ledger["rejected_frames"].values()) > 0  # garbage was refused and counted
 
 
-def test_sync_run_is_on_policy(tmp_path):
+def test_sync_run_is_on_policy_and_evaluates_and_samples_dynamically(tmp_path):
     """Also the trainer's path that waits for each push before the next step (the async run
-    above overlaps them)."""
-    proc = launch(tmp_path, ["async_ratio=0", "trainer.steps=4", "rollout.num_workers=1", "weight_sync.overlap=false"])
+    above overlaps them), held-out evaluation rounds, and dynamic sampling (a reward with
+    variance from an untrained model: the parity of the answer's length)."""
+    proc = launch(tmp_path, ["async_ratio=0", "trainer.steps=4", "rollout.num_workers=1", "weight_sync.overlap=false",
+                             "eval.every=2", "eval.prompts=4", "eval.samples=2", "eval.k=[1,2]", "trainer.dynamic_sampling=true",
+                             "reward.function=tests.unit.reward_fixtures:length_parity"])
     assert proc.returncode == 0, proc.stdout[-4000:]
-    _, trained = check_books(tmp_path, alpha=0, steps=4)
+    ledger, trained = check_books(tmp_path, alpha=0, steps=4)
     assert all(version == vmin == vmax for version, _, vmin, vmax in trained)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2, 4]  # the start, every 2 versions, the end
+    assert all(0 <= r["pass@1"] <= r["pass@2"] <= 1 and 0 <= r["greedy_accuracy"] <= 1 for r in evals)
+    assert all(r["token_version_min"] >= r["version"] for r in evals)
+    assert ledger["eval_requests_sent"] == ledger["eval_rewards_received"] == 3 * 4 * (2 + 1)
+    assert all(r["train/zero_variance_groups"] == 0 for r in records if r["kind"] == "step")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval_last"]["step"] == 4
 
 
 def _flashq_processes(run_dir):

@@ -32,3 +32,8 @@ def hang_on_7(task, text):
     if text == "7":
         time.sleep(60)
     return match(task, text)
+
+
+def length_parity(task, text):
+    """1 for an even number of characters: from an untrained model, groups with and without variance."""
+    return float(len(text) % 2 == 0)

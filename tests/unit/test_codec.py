@@ -157,3 +157,23 @@ def test_episode_messages_round_trip_and_bad_masks_are_rejected():
     assert "loss_mask must be uint8" in reject_reason(enc.encode(sample(loss_mask=np.ones(5, np.uint8))))
     assert "only 0 and 1" in reject_reason(enc.encode(sample(loss_mask=np.full(2000, 2, np.uint8))))
     assert "env_reward is not finite" in reject_reason(enc.encode(sample(env_reward=float("nan"))))
+
+
+def test_the_message_limit_fits_the_largest_batch_the_config_can_make():
+    from flashq.config import load_config
+
+    cfg = load_config(None, ["transport.max_message_mb=1", "trainer.batch_groups=4", "sampling.group_size=8",
+                             "rollout.max_model_len=4096", "sampling.max_tokens=4000"])
+    n, p, r = 32, 96, 4000  # every sequence as long as the engine allows, ids as long as they come
+    largest = P.TrainBatch(
+        batch_index=123456, request_ids=[f"g{100000 + i // 8}/{i % 8}" for i in range(n)],
+        group_index=np.repeat(np.arange(4), 8).astype(np.int32), rewards=np.zeros(n, np.float32),
+        prompt_ids=np.zeros(n * p, np.int32), prompt_offsets=np.arange(n + 1, dtype=np.int64) * p,
+        response_ids=np.zeros(n * r, np.int32), response_offsets=np.arange(n + 1, dtype=np.int64) * r,
+        logprobs=np.zeros(n * r, np.float32), versions=np.zeros(n * r, np.int32), finish_reasons=["length"] * n,
+        loss_mask=np.ones(n * r, np.uint8),
+    )
+    frames = Encoder().encode(largest)
+    with pytest.raises(RejectedFrame, match="exceeds"):
+        Decoder(max_message_bytes=1 << 20).decode(frames)  # what max_message_mb alone allowed
+    assert Decoder(max_message_bytes=cfg.message_limit_bytes).decode(frames).batch_index == 123456

@@ -221,3 +221,16 @@ def test_a_checkpoint_from_before_sharded_optimizer_state_still_resumes(tiny_mod
     assert resumed.version == 1
     for a, b in zip(learner.optimizer.state.values(), resumed.optimizer.state.values()):
         assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
+def test_a_non_finite_gradient_skips_its_batch_and_too_many_in_a_row_stop_the_run(tiny_model):
+    learner = Learner(load_config(None, ["trainer.max_nonfinite_in_row=2"]), tiny_model)
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    poisoned = make_batch(learner, [float("inf"), 0, 1, 0])  # an infinite reward: NaN advantages, NaN gradients
+    m = learner.train_step(poisoned)
+    assert m["train/skipped_nonfinite"] == 1 and learner.version == 1 and np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])
+    assert all(torch.equal(p, before[n]) for n, p in learner.model.named_parameters())  # nothing applied
+    assert learner.train_step(make_batch(learner, [1, 0, 0, 1], batch_index=1, versions=1))["train/skipped_nonfinite"] == 0
+    learner.train_step(make_batch(learner, [float("inf"), 0, 1, 0], batch_index=2, versions=2))  # one in a row again
+    with pytest.raises(FloatingPointError, match="non-finite gradient norm in 2 batches in a row"):
+        learner.train_step(make_batch(learner, [float("inf"), 0, 1, 0], batch_index=3, versions=3))

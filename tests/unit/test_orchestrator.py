@@ -200,3 +200,28 @@ def test_a_divided_response_continues_on_the_worker_that_holds_its_prefix():
     assert cont.request_id == first.request_id and cont.generated == 4
     assert p2 == "rollout-1"  # rollout-0 is as free (and first), but rollout-1's prefix cache holds the tokens so far
     assert orch.chunk_worker == {}
+
+
+def test_a_sample_that_contradicts_its_request_is_refused_and_stays_owed():
+    orch = make(["async_ratio=0"])
+    orch.pump()
+    peer, req = next((p, m) for p, m in drain(orch) if isinstance(m, GenerateRequest))
+    tokens = lambda n: (np.arange(n, dtype=np.int32), np.zeros(n, np.float32), np.zeros(n, np.int32))  # noqa: E731
+    with pytest.raises(KeyError, match="names group g1, but was requested for group g0"):
+        orch.on_sample(peer, Sample(req.request_id, "g1", 0, *tokens(3), "stop"))
+    load = dict(orch.gen_queue.load)
+    with pytest.raises(ValueError, match=f"at most {req.max_tokens} were asked"):
+        orch.on_sample(peer, Sample(req.request_id, req.group_id, 0, *tokens(req.max_tokens + 1), "stop"))
+    assert orch.request_worker[req.request_id] == peer and orch.gen_queue.load == load  # nothing changed
+    finish(orch, req, peer)  # the right answer is still taken
+    assert orch.ledger.samples_received == 1 and req.request_id not in orch.request_worker
+
+
+def test_only_the_trainer_may_ask_for_batches_or_report_steps():
+    from flashq.protocol import BatchRequest, StepStats
+    from flashq.roles.coordinator import Coordinator
+
+    for msg in (BatchRequest(credits=5), StepStats(step=1, metrics={})):
+        with pytest.raises(ValueError, match="only the trainer sends it"):
+            Coordinator._from_trainer("rollout-0", msg)
+        Coordinator._from_trainer("trainer", msg)

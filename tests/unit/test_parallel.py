@@ -26,9 +26,10 @@ def test_shares_partition_the_sequences_and_balance_tokens():
 
 
 def _batches(learner):
-    from tests.unit.test_learner import make_batch
+    """Two prompts a batch: with prompt passes shared, each rank computes one prompt's group."""
+    from tests.unit.test_shared_prompts import two_groups
 
-    return [make_batch(learner, [1, 0, 0, 1, 1, 0], batch_index=0), make_batch(learner, [0, 1, 1, 0, 0, 0], batch_index=1, behaviour=-0.3)]
+    return [two_groups(0, seed=0), two_groups(1, seed=1)]
 
 
 def _rank_main(rank, port, model, batches, out):

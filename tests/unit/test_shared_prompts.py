@@ -35,10 +35,10 @@ def test_shared_passes_give_each_response_token_the_logprob_of_its_whole_row(tin
         assert not logp[i, : len(r)][~read].any() and not logp[i, len(r) :].any()
 
 
-def _two_groups(learner):
+def two_groups(batch_index: int = 0, seed: int = 0):
     """Two groups with prompts of 8 and 5 tokens, responses of 1 to 9 tokens, some of whose
     tokens (the first of one, two inside another) are masked out of the loss."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     groups = []
     for g, prompt in enumerate([np.array([2, 121, 119, 14, 53, 47, 54, 65], np.int32), np.array([2, 121, 58, 65, 14], np.int32)]):
         group = Group(task={}, prompt_ids=prompt, size=4, admission=Admission(f"g{g}", 0, 0))
@@ -51,16 +51,16 @@ def _two_groups(learner):
                 mask[2:4] = 0
             rid = f"g{g}/{k}"
             lp = (-rng.random(n)).astype(np.float32)
-            group.samples[rid] = Sample(rid, f"g{g}", 0, resp, lp, np.zeros(n, np.int32), "stop", loss_mask=mask)
+            group.samples[rid] = Sample(rid, f"g{g}", 0, resp, lp, np.full(n, batch_index, np.int32), "stop", loss_mask=mask)
             group.rewards[rid] = RewardResult(rid, float(k % 2))
         groups.append(group)
-    return pack_batch(groups, 0)
+    return pack_batch(groups, batch_index)
 
 
 def test_the_learner_trains_the_same_with_shared_prompt_passes_on_fewer_tokens(tiny_model):
     rows = Learner(load_config(None, ["trainer.share_prompts=false"]), tiny_model)
     shared = Learner(load_config(None, ["trainer.share_prompts=true"]), tiny_model)
-    batch = _two_groups(rows)
+    batch = two_groups()
     a, b = rows.train_step(batch), shared.train_step(batch)
     for key in ("loss", "loss/is_weight_mean", "loss/entropy", "loss/clip_frac", "train/tokens"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
@@ -86,3 +86,14 @@ def test_a_model_whose_cache_cannot_be_shared_is_refused_or_left_unshared(tiny_m
     with pytest.raises(ValueError, match="trainer.share_prompts"):
         Learner(load_config(None, ["trainer.share_prompts=true"]), tiny_model)
     assert not Learner(load_config(None), tiny_model).share_prompts
+
+
+@pytest.mark.parametrize("setting", [{"layer_types": ["full_attention", "sliding_attention"]}, {"sliding_window": 16},
+                                     {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}])
+def test_sliding_windows_and_length_scaled_ropes_are_ruled_out_from_the_config(setting):
+    from types import SimpleNamespace
+
+    from flashq.trainer.shared_prompts import unsupported
+
+    assert unsupported(SimpleNamespace(**setting)) is not None
+    assert unsupported(SimpleNamespace(layer_types=["full_attention"] * 2, sliding_window=4096)) is None  # Qwen2's default
