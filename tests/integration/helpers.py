@@ -19,6 +19,7 @@ SMALL = [
     "sft.warm_start=false",
     "placement={}",
     "transport.startup_timeout_s=300",
+    "eval=null",  # the quickstart evaluates; tests that evaluate say so
 ]
 
 
