@@ -31,7 +31,6 @@ from flashq.trainer.shared_prompts import (
     check_sharing,
     distinct_prompts,
     layout,
-    shared_cost,
     shared_token_logprobs,
     unsupported,
 )
@@ -371,8 +370,10 @@ class Learner:
         lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
         if not self.ranks.sharded:
             return [self._micro(batch, chunk, adv, int(lens[indices].max())) for chunk in self._micro_batches(batch, indices)]
-        _, prompt_of = distinct_prompts([batch.prompt_ids[batch.prompt_offsets[i] : batch.prompt_offsets[i + 1]] for i in indices])
-        if self.share_prompts and prompt_of.max() + 1 >= self.ranks.world_size:
+        prompt_of = None
+        if self.share_prompts:
+            _, prompt_of = distinct_prompts([batch.prompt_ids[batch.prompt_offsets[i] : batch.prompt_offsets[i + 1]] for i in indices])
+        if prompt_of is not None and prompt_of.max() + 1 >= self.ranks.world_size:
             # a prompt's sequences stay on one rank, which computes the prompt once (with fewer
             # prompts than ranks, sequences are spread instead, so that no rank only pads)
             units = [indices[prompt_of == k] for k in range(prompt_of.max() + 1)]
@@ -423,16 +424,18 @@ class Learner:
         """Chunks of `indices` in batch order (a group's sequences are neighbours) whose two
         passes compute at most `budget` tokens (or one sequence)."""
         po, ro = batch.prompt_offsets, batch.response_offsets
-        prompts = [batch.prompt_ids[po[i] : po[i + 1]] for i in indices]
-        _, prompt_of = distinct_prompts(prompts)
+        _, prompt_of = distinct_prompts([batch.prompt_ids[po[i] : po[i + 1]] for i in indices])
         p_lens, r_lens = np.diff(po)[indices], np.diff(ro)[indices]
-        chunks, start = [], 0
-        for end in range(1, len(indices) + 1):
-            if end - start > 1 and shared_cost(p_lens[start:end], r_lens[start:end], prompt_of[start:end]) > budget:
-                chunks.append(indices[start : end - 1])
-                start = end - 1
-        chunks.append(indices[start:])
-        return [np.array(c) for c in chunks if len(c)]
+        chunks, current, prompts, longest_p, longest_r = [], [], set(), 0, 1
+        for j, i in enumerate(indices):  # the chunk's cost: distinct prompts x longest prompt + sequences x longest response
+            p, r = max(longest_p, int(p_lens[j])), max(longest_r, int(r_lens[j]))
+            if current and len(prompts | {prompt_of[j]}) * p + (len(current) + 1) * r > budget:
+                chunks.append(np.array(current))
+                current, prompts, p, r = [], set(), int(p_lens[j]), max(int(r_lens[j]), 1)
+            current.append(int(i))
+            prompts.add(prompt_of[j])
+            longest_p, longest_r = p, r
+        return chunks + [np.array(current)] if current else chunks
 
     def _micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor, capacity: int = 0) -> MicroBatch:
         """`capacity`: packed rows' length (at least the chunk's longest sequence)."""
@@ -441,13 +444,8 @@ class Learner:
             return self._shared_micro(batch, idx, adv)
         seqs = [np.concatenate([batch.prompt_ids[po[i] : po[i + 1]], batch.response_ids[ro[i] : ro[i + 1]]]) for i in idx]
         T = max(len(s) for s in seqs)
-        mask = np.zeros((len(idx), T - 1), np.float32)
-        behav = np.zeros((len(idx), T - 1), np.float32)
-        for j, i in enumerate(idx):
-            p_len, r_len = po[i + 1] - po[i], ro[i + 1] - ro[i]
-            # row t of the [T-1] logprobs predicts token t+1, so the response starts at p_len - 1
-            mask[j, p_len - 1 : p_len - 1 + r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
-            behav[j, p_len - 1 : p_len - 1 + r_len] = batch.logprobs[ro[i] : ro[i + 1]]
+        # row t of the [T-1] logprobs predicts token t+1, so a response starts at its prompt's length - 1
+        mask, behav = loss_rows(batch, idx, T - 1, np.diff(po)[idx] - 1)
         dev = self.device
         ids = attn = packed = None
         if self.cfg.trainer.packing:
@@ -469,18 +467,12 @@ class Learner:
             packed=packed,
         )
 
-
     def _shared_micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor) -> MicroBatch:
         po, ro = batch.prompt_offsets, batch.response_offsets
         prompts = [batch.prompt_ids[po[i] : po[i + 1]] for i in idx]
         responses = [batch.response_ids[ro[i] : ro[i + 1]] for i in idx]
         rows = layout(prompts, responses, self.device)
-        mask = np.zeros(rows.response_ids.shape, np.float32)
-        behav = np.zeros(rows.response_ids.shape, np.float32)
-        for j, i in enumerate(idx):
-            r_len = ro[i + 1] - ro[i]
-            mask[j, :r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
-            behav[j, :r_len] = batch.logprobs[ro[i] : ro[i + 1]]
+        mask, behav = loss_rows(batch, idx, rows.response_ids.shape[1], np.zeros(len(idx), np.int64))
         dev = self.device
         return MicroBatch(
             ids=None,
@@ -491,6 +483,19 @@ class Learner:
             tokens=int(rows.prompt_attn.sum() + rows.response_attn.sum()),
             shared=rows,
         )
+
+
+def loss_rows(batch: TrainBatch, idx: np.ndarray, width: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[S, width] loss mask and behaviour logprobs of sequences `idx`, the response of row j
+    from column starts[j] (0 elsewhere)."""
+    ro = batch.response_offsets
+    mask = np.zeros((len(idx), width), np.float32)
+    behav = np.zeros((len(idx), width), np.float32)
+    for j, (i, s) in enumerate(zip(idx, starts)):
+        r_len = ro[i + 1] - ro[i]
+        mask[j, s : s + r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
+        behav[j, s : s + r_len] = batch.logprobs[ro[i] : ro[i + 1]]
+    return mask, behav
 
 
 def zero_variance_groups(batch: TrainBatch) -> int:

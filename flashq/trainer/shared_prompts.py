@@ -52,12 +52,6 @@ def distinct_prompts(prompts: list[np.ndarray]) -> tuple[list[np.ndarray], np.nd
     return unique, prompt_of
 
 
-def shared_cost(prompt_lens: np.ndarray, response_lens: np.ndarray, prompt_of: np.ndarray) -> int:
-    """Tokens the two passes compute for these sequences (padding included)."""
-    distinct = len(np.unique(prompt_of))
-    return int(distinct * prompt_lens.max() + len(response_lens) * max(int(response_lens.max()), 1))
-
-
 def layout(prompts: list[np.ndarray], responses: list[np.ndarray], device: torch.device) -> SharedPromptRows:
     unique, prompt_of = distinct_prompts(prompts)
     p_len = np.array([len(p) for p in unique])

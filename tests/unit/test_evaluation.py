@@ -13,7 +13,7 @@ from flashq.data.holdout import is_held_out
 from flashq.evaluation import pass_at_k
 from flashq.orchestrator import Orchestrator
 from flashq.protocol import GenerateRequest, RewardResult, ScoreRequest, TrainBatch
-from tests.unit.test_orchestrator import Tasks, drain, finish
+from tests.unit.test_orchestrator import Tasks, drain, finish, play
 
 
 def make(overrides):
@@ -54,35 +54,11 @@ def test_eval_settings_are_checked_at_load():
         load_config(None, ["eval.samples=4", "eval.k=[1,8]"])
 
 
-def play(orch, reward_of, train: bool = True):
-    """Every role, until the run is done: responses finish at once at the engines' version and
-    score `reward_of(request_id)`; each batch is trained and its weights served at once."""
-    orch.on_batch_request(1)
-    batches, sent = [], []
-    while not orch.done:
-        orch.pump()
-        out = drain(orch)
-        for peer, msg in out:
-            if isinstance(msg, GenerateRequest):
-                sent.append(msg)
-                finish(orch, msg, peer, version=orch.engine_version)
-            elif isinstance(msg, ScoreRequest):
-                orch.on_reward(peer, RewardResult(msg.sample.request_id, reward_of(msg.sample.request_id)))
-            elif isinstance(msg, TrainBatch):
-                batches.append(msg)
-                orch.on_step_trained(msg.batch_index + 1)
-                orch.on_weights_served(msg.batch_index + 1)
-                orch.on_batch_request(1)
-        if not out:
-            raise AssertionError("nothing to do and not done: the run stalled")
-    return batches, sent
-
-
 def test_rounds_run_beside_training_at_start_every_n_versions_and_end_and_are_never_trained():
     orch = make(["async_ratio=2", "trainer.steps=6", "eval.every=4", "eval.prompts=3", "eval.samples=4", "eval.k=[1,2]"])
     # a prompt's sampled responses pass on k = 0 and 1 of 4, its greedy one on the first prompt only
     reward = lambda rid: float(rid.endswith(("/0", "/1")) or rid.endswith("0/greedy")) if rid.startswith("eval") else 1.0  # noqa: E731
-    batches, sent = play(orch, reward)
+    batches, sent, _ = play(orch, reward)
     records = orch.eval_records
     assert [int(r["version"]) for _, r in records] == [0, 4, 6]  # start, every 4, the end
     for _, r in records:

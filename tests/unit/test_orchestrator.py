@@ -33,6 +33,32 @@ def finish(orch, req: GenerateRequest, worker: str, version: int = 0, n_tokens: 
     )
 
 
+
+def play(orch, reward_of):
+    """Every role until the run is done: each response finishes as soon as it is sent, at the
+    engines' version, and scores `reward_of(request_id)`; each batch is trained and its weights
+    served at once. Returns the batches, the requests sent and, per batch, the versions its
+    groups were admitted at."""
+    batches, sent, admitted = [], [], []
+    orch.on_batch_request(1)
+    while not orch.done:
+        orch.pump()
+        out = drain(orch)
+        for peer, msg in out:
+            if isinstance(msg, GenerateRequest):
+                sent.append(msg)
+                finish(orch, msg, peer, version=orch.engine_version)
+            elif isinstance(msg, ScoreRequest):
+                orch.on_reward(peer, RewardResult(msg.sample.request_id, reward_of(msg.sample.request_id)))
+            elif isinstance(msg, TrainBatch):
+                batches.append(msg)
+                admitted.append([g.admission.version for g in orch.on_step_trained(msg.batch_index + 1)])
+                orch.on_weights_served(msg.batch_index + 1)
+                orch.on_batch_request(1)
+        if not out:
+            raise AssertionError("nothing to do and not done: the run stalled")
+    return batches, sent, admitted
+
 def test_each_prompt_becomes_n_independent_requests_spread_over_workers():
     orch = make(["async_ratio=0", "rollout.max_inflight_per_worker=8", "sampling.seed_requests=true"])
     orch.pump()
