@@ -16,6 +16,8 @@ import random
 import string
 from pathlib import Path
 
+from flashq.rewards import quick
+
 MEDIAN, SIGMA, LONGEST = 3, 1.2, 80
 
 
@@ -31,6 +33,7 @@ def write_tasks(path: Path, count: int, seed: int = 0) -> Path:
     return path
 
 
+@quick
 def repeat_reward(task: dict, response: str) -> float:
     """1 for exactly n copies of the letter, less the further the count is off; 0 for anything else."""
     text, n = response.strip(), int(task["n"])

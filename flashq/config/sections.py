@@ -207,8 +207,10 @@ class RewardConfig(Section):
     num_workers: int = Field(1, ge=1)
     function: str = Field("flashq.rewards.builtin:exact_match", description='"package.module:function", sync or async.')
     timeout_s: float = Field(10.0, gt=0)
-    executor: Literal["process", "thread"] = Field(
-        "process", description="Where sync reward functions run; a stuck process is killed at the timeout."
+    executor: Literal["auto", "process", "thread"] = Field(
+        "auto",
+        description="Where sync reward functions run: process (a stuck call is killed at the timeout), thread (lighter; a "
+        "stuck call is abandoned), auto (thread for functions marked flashq.rewards.quick, like exact_match; else process).",
     )
     pool_workers: int = Field(1, ge=1, description="Processes (or threads) per reward worker.")
     max_inflight_per_worker: int = Field(64, ge=1)

@@ -1,7 +1,8 @@
 """Reward worker process: decode each sample and score it with the configured plug-in.
 
-A reward function that raises or runs past `reward.timeout_s` scores 0 with the error recorded;
-it never stalls the run (see `rewards.runner` for how a stuck call is stopped).
+A reward function that raises or runs past `reward.timeout_s` is answered with the error (the
+coordinator retries it or drops its group, per `reward.on_error`); it never stalls the run (see
+`rewards.runner` for how a stuck call is stopped).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from flashq.config import FlashqConfig
 from flashq.metrics import BusyClock
 from flashq.protocol import Heartbeat, RewardResult, ScoreRequest, Shutdown, WorkerStats
-from flashq.rewards.runner import RewardRunner
+from flashq.rewards.runner import RewardFailed, RewardRunner
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
 from flashq.transport import Link, PeerLost
 
@@ -38,6 +39,8 @@ class RewardScorer:
             return RewardResult(rid, value, seconds=time.monotonic() - t0)
         except asyncio.TimeoutError:
             return RewardResult(rid, 0.0, error=f"timed out after {self.runner.timeout_s}s", seconds=time.monotonic() - t0)
+        except RewardFailed as e:
+            return RewardResult(rid, 0.0, error=str(e)[:500], seconds=time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - a broken reward scores 0 and is counted, by design
             return RewardResult(rid, 0.0, error=f"{type(e).__name__}: {e}"[:500], seconds=time.monotonic() - t0)
 

@@ -47,6 +47,13 @@ def test_sync_reward_in_either_executor(executor):
     assert out.reward == 1.0 and out.error == ""
 
 
+def test_auto_runs_quick_functions_in_threads_and_the_rest_in_processes():
+    assert RewardRunner("flashq.rewards.builtin:exact_match").kind == "thread"
+    assert RewardRunner("flashq.rewards.math:math_verify").kind == "process"
+    assert RewardRunner(f"{HERE}:match").kind == "process"
+    assert RewardRunner("flashq.rewards.builtin:exact_match", "process").kind == "process"
+
+
 def test_async_reward():
     out, _, runner = score("async_half")
     assert out.reward == 0.5 and runner.kind == "async"
@@ -61,44 +68,80 @@ def test_a_broken_reward_scores_zero_with_the_reason(name, error):
     assert out.reward == 0.0 and error in out.error
 
 
-def test_a_hanging_reward_is_killed_at_the_timeout_and_the_pool_recovers():
+def seven():
+    r = request()
+    r.sample.token_ids = np.array([57], np.int32)  # decodes to "7": hang_on_7 hangs on it
+    return r
+
+
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_a_hanging_reward_times_out_and_the_next_call_is_served(executor):
     async def main():
-        runner = RewardRunner(f"{HERE}:hang", "process", 1, 1.0)
+        runner = RewardRunner(f"{HERE}:hang_on_7", executor, 1, 1.0)
         scorer = RewardScorer(runner, decode)
         try:
-            t0 = time.monotonic()
-            out = await scorer.score(request())
-            took = time.monotonic() - t0
+            out = await scorer.score(seven())
             assert out.reward == 0.0 and "timed out" in out.error
-            assert took < 5 and runner.restarts == 1
-            runner.fn = None  # the pool, not this process, runs the function
-            runner.spec = f"{HERE}:match"
-            again = await scorer.score(request())
-            assert again.reward == 1.0  # a fresh pool serves the next call
+            assert (await scorer.score(request())).reward == 1.0  # a fresh process (or thread) serves it
+            assert runner.restarts == (1 if executor == "process" else 0)
         finally:
             runner.close()
 
     asyncio.run(main())
 
 
-def test_calls_queued_beside_a_hanging_one_are_retried_not_lost():
-    """One call hangs and its pool is killed; the calls queued behind it in that pool are
-    cancelled by the kill and must be retried on the new pool, not vanish."""
+def test_a_timeout_counts_only_the_calls_own_run_time():
+    """One process; a call hangs and two slow ones queue behind it. Each gets its own full
+    timeout once its process takes it, however long it waited (the old pool's clock started
+    at submission, so the second slow call ran out of time after the hang was killed)."""
 
     async def main():
-        runner = RewardRunner(f"{HERE}:hang_on_7", "process", 1, 2.0)
+        runner = RewardRunner(f"{HERE}:hang_on_7_or_slow_match", "process", 1, 3.0)
         await runner.start()
         scorer = RewardScorer(runner, decode)
         try:
-            reqs = [request(), *[request() for _ in range(3)]]
-            reqs[0].sample.token_ids = np.array([57], np.int32)  # decodes to "7": hangs
-            async def later(r):
-                await asyncio.sleep(1.0)  # queued behind the hanging call, well inside their own timeout
-                return await scorer.score(r)
-
-            results = await asyncio.gather(scorer.score(reqs[0]), *[later(r) for r in reqs[1:]])
+            results = await asyncio.gather(scorer.score(seven()), scorer.score(request()), scorer.score(request()))
             assert "timed out" in results[0].error
-            assert [r.reward for r in results[1:]] == [1.0, 1.0, 1.0] and runner.restarts == 1
+            assert [(r.reward, r.error) for r in results[1:]] == [(1.0, ""), (1.0, "")]
+            assert runner.restarts == 1
+        finally:
+            runner.close()
+
+    asyncio.run(main())
+
+
+def test_a_timeout_kills_only_its_own_process(tmp_path):
+    """Two processes: one call hangs; a call running beside it in the other process when the
+    hang is killed finishes there, run once (the old pool was killed whole and ran it again)."""
+
+    async def main():
+        runner = RewardRunner(f"{HERE}:hang_on_7_or_log_slowly", "process", 2, 3.0)
+        await runner.start()
+        scorer = RewardScorer(runner, decode)
+        beside = request()
+        beside.task["log"] = str(tmp_path / "runs")
+        try:
+            async def later():
+                await asyncio.sleep(1.5)  # starts mid-hang; runs 2 s, across the hang's kill at 3 s
+                return await scorer.score(beside)
+
+            hung, ok = await asyncio.gather(scorer.score(seven()), later())
+            assert "timed out" in hung.error and (ok.reward, ok.error) == (1.0, "")
+            assert (tmp_path / "runs").read_text() == "run\n" and runner.restarts == 1
+        finally:
+            runner.close()
+
+    asyncio.run(main())
+
+
+def test_a_crashed_reward_process_fails_its_call_and_is_replaced():
+    async def main():
+        runner = RewardRunner(f"{HERE}:exit_on_7", "process", 1, 10.0)
+        scorer = RewardScorer(runner, decode)
+        try:
+            out = await scorer.score(seven())
+            assert out.reward == 0.0 and "died (exit code 3)" in out.error
+            assert (await scorer.score(request())).reward == 1.0 and runner.restarts == 1
         finally:
             runner.close()
 
