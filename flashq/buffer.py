@@ -23,11 +23,22 @@ class Group:
     admission: Admission
     samples: dict[str, Sample] = field(default_factory=dict)
     rewards: dict[str, RewardResult] = field(default_factory=dict)
-    failed: str = ""  # why the group will be dropped when complete instead of trained (a reward that kept failing)
+    failed: str = ""  # why the group will be dropped when complete instead of trained
+    failed_kind: str = ""  # what failed: "reward failed" or "poison request" (the ledger counts by it)
+    quarantined: set[str] = field(default_factory=set)  # requests given up: they will have no sample
+
+    def fail(self, kind: str, why: str) -> None:
+        if not self.failed:
+            self.failed, self.failed_kind = why[:200], kind
+
+    @property
+    def generated(self) -> bool:
+        """Every request answered, or given up."""
+        return len(self.samples) + len(self.quarantined) == self.size
 
     @property
     def complete(self) -> bool:
-        return len(self.rewards) == self.size
+        return len(self.rewards) + len(self.quarantined) == self.size
 
 
 class GroupBuffer:

@@ -52,6 +52,7 @@ class EvalRound:
     tokens: int = 0
     scored: int = 0
     errors: int = 0
+    lost: int = 0  # requests quarantined: never answered
 
 
 class Evaluator:
@@ -123,6 +124,24 @@ class Evaluator:
             del self.unanswered[sample.group_id]
         return ScoreRequest(sample=sample, task=self.tasks[p]), last
 
+    def on_lost(self, request_id: str) -> tuple[dict | None, bool]:
+        """A request given up (quarantined): the round expects one score less. The round's
+        record if that was its last, and whether it was its prompt's last."""
+        rnd = self._round(request_id)
+        gid = request_id.rsplit("/", 1)[0]
+        if gid not in self.unanswered:
+            raise KeyError(f"evaluation request {request_id} lost, but its prompt expects no more")
+        self.unanswered[gid] -= 1
+        last = self.unanswered[gid] == 0
+        if last:
+            del self.unanswered[gid]
+        rnd.expected -= 1
+        rnd.lost += 1
+        if rnd.scored < rnd.expected:
+            return None, last
+        del self.rounds[rnd.index]
+        return self._record(rnd), last
+
     def on_reward(self, result: RewardResult) -> dict | None:
         """File a score; the round's record once its last score is in."""
         rnd = self._round(result.request_id)
@@ -151,6 +170,7 @@ class Evaluator:
             "seconds": self.clock() - rnd.started,
             "tokens": float(rnd.tokens),
             "reward_errors": float(rnd.errors),
+            "requests_lost": float(rnd.lost),
         }
         if rnd.sampled:
             rewards = [r for rs in rnd.sampled.values() for r in rs]

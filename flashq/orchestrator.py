@@ -19,7 +19,6 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -31,6 +30,7 @@ from flashq.dispatch import LeastLoadedQueue
 from flashq.divided import DividedRollout
 from flashq.drafting import HISTORY_PROMPTS
 from flashq.evaluation import Evaluator, is_eval
+from flashq.ledger import Ledger
 from flashq.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
@@ -38,73 +38,6 @@ from flashq.scheduling import ContextAwareOrder, FifoOrder, OracleOrder
 from flashq.staleness import Admission, StalenessGate
 
 log = logging.getLogger("flashq.orchestrator")
-
-
-@dataclass
-class Ledger:
-    """Counts of samples at each stage; `check` says whether the books balance."""
-
-    groups_admitted: int = 0
-    requests_sent: int = 0
-    samples_received: int = 0
-    tokens_received: int = 0
-    rewards_received: int = 0
-    reward_errors: int = 0
-    reward_sum: float = 0.0  # of every reward received, trained or dropped
-    samples_batched: int = 0
-    samples_trained: int = 0  # consumed by the trainer (a skipped batch's too: see batches_skipped)
-    batches_sent: int = 0
-    groups_dropped: int = 0  # dynamic sampling: complete groups with equal rewards, not trained
-    samples_dropped: int = 0
-    dropped_groups: list = field(default_factory=list)  # their ids, for the exactly-once audit
-    groups_dropped_by_reason: Counter = field(default_factory=Counter)
-    scores_retried: int = 0  # failed rewards scored again (reward.on_error drop)
-    batches_skipped: Counter = field(default_factory=Counter)  # by reason: consumed, not learned from
-    eval_requests_sent: int = 0  # evaluation: apart from training's, never trained
-    eval_samples_received: int = 0
-    eval_rewards_received: int = 0
-    episodes_failed: int = 0  # env episodes that raised or timed out (each replaced or fatal)
-    episodes_discarded: int = 0  # answered but not kept: finished after their group was full, or cancelled
-    episodes_withdrawn: int = 0  # redundant episodes whose group filled before they were dispatched
-    requests_requeued: int = 0  # in flight on a rollout worker that died; sent again to another
-    scores_requeued: int = 0  # in flight on a reward worker that died; scored again
-    workers_lost: Counter = field(default_factory=Counter)  # by worker
-    tasks_skipped: Counter = field(default_factory=Counter)
-    rejected: Counter = field(default_factory=Counter)  # message-level rejections, by reason
-
-    def summary(self, buffer: GroupBuffer) -> dict:
-        waiting = sum(len(g.samples) for g in buffer.groups.values())
-        return {
-            "groups_admitted": self.groups_admitted,
-            "requests_sent": self.requests_sent,
-            "samples_received": self.samples_received,
-            "tokens_received": self.tokens_received,
-            "rewards_received": self.rewards_received,
-            "reward_errors": self.reward_errors,
-            "reward_sum": self.reward_sum,
-            "samples_batched": self.samples_batched,
-            "samples_trained": self.samples_trained,
-            "batches_sent": self.batches_sent,
-            "groups_dropped": self.groups_dropped,
-            "samples_dropped": self.samples_dropped,
-            "groups_dropped_ids": list(self.dropped_groups),
-            "groups_dropped_by_reason": dict(self.groups_dropped_by_reason),
-            "scores_retried": self.scores_retried,
-            "batches_skipped": dict(self.batches_skipped),
-            "eval_requests_sent": self.eval_requests_sent,
-            "eval_samples_received": self.eval_samples_received,
-            "eval_rewards_received": self.eval_rewards_received,
-            "episodes_failed": self.episodes_failed,
-            "episodes_discarded": self.episodes_discarded,
-            "episodes_withdrawn": self.episodes_withdrawn,
-            "samples_in_buffer": waiting,
-            "requests_in_flight": self.requests_sent - self.samples_received - self.episodes_discarded - self.episodes_failed,
-            "requests_requeued": self.requests_requeued,
-            "scores_requeued": self.scores_requeued,
-            "workers_lost": dict(self.workers_lost),
-            "tasks_skipped": dict(self.tasks_skipped),
-            "rejected": dict(self.rejected),
-        }
 
 
 class Orchestrator:
@@ -161,6 +94,7 @@ class Orchestrator:
         self.generation_paused = False  # after a resume: until the engines serve the restored weights
         self.dropped_in_row = 0  # complete groups dropped since one was kept
         self.score_retries: dict[str, int] = {}  # request id -> failed scores so far (reward.on_error drop)
+        self.request_failures: dict[str, list[str]] = {}  # request id -> why each failed attempt failed
         self.evaluator: Evaluator | None = None
         self.eval_records: list[tuple[int, dict]] = []  # finished rounds (version, record), for the coordinator to log
         if cfg.eval is not None:
@@ -184,6 +118,10 @@ class Orchestrator:
         if isinstance(request, EpisodeRequest):
             self._on_episode(worker, sample)
             return
+        if sample.finish_reason in ("error", "abort"):  # generation raised, or was overdue and aborted
+            self._on_failed_request(worker, request, sample.error or sample.finish_reason)
+            return
+        self.request_failures.pop(sample.request_id, None)
         done = self.divided.on_chunk(request, sample)
         generated = request.generated + len(sample.token_ids)
         self.lengths.observe(sample.group_id, generated, finished=isinstance(done, Sample))
@@ -209,10 +147,52 @@ class Orchestrator:
             "sent": self.request_sent_at.pop(sample.request_id, None), "finished": self.clock(),
             "tokens": len(sample.token_ids),
         })
-        if len(group.samples) == group.size:
+        if group.generated:
             self.lengths.close_group(sample.group_id)
             self.gen_queue.forget(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
+
+    def _on_failed_request(self, worker: str, request: GenerateRequest, reason: str) -> None:
+        """A request answered with an error: send it again (its latest chunk), or, at its
+        `rollout.max_request_failures`th failure, quarantine it: nothing of it is trained, and
+        its group is dropped once its other samples are in (`rollout.on_poison: resample`, so
+        another prompt takes its admission) or the run stops naming it (`fail`)."""
+        rid, gid = request.request_id, request.group_id
+        strikes = self.request_failures.setdefault(rid, [])
+        strikes.append(f"{worker}: {reason}"[:300])
+        self.ledger.requests_failed += 1
+        rc = self.cfg.rollout
+        if len(strikes) < rc.max_request_failures:
+            log.warning("request %s failed on %s (%d of %d): %s", rid, worker, len(strikes), rc.max_request_failures, reason)
+            self.ledger.requests_retried += 1
+            self.gen_queue.submit(request)
+            return
+        del self.request_failures[rid]
+        if rc.on_poison == "fail":
+            raise RuntimeError(f"request {rid} failed {len(strikes)} times (rollout.max_request_failures) and rollout.on_poison "
+                               f"is 'fail'; the last: {strikes[-1]}")
+        log.error("request %s quarantined after %d failures; the last: %s", rid, len(strikes), strikes[-1])
+        self.ledger.quarantined.append({"request_id": rid, "group_id": gid, "reasons": strikes})
+        self.request_sent_at.pop(rid, None)
+        self.divided.partial.pop(rid, None)
+        if is_eval(rid):
+            self.ledger.eval_requests_quarantined += 1
+            record, prompt_done = self.evaluator.on_lost(rid)
+            if prompt_done:
+                self.lengths.close_group(gid)
+                self.gen_queue.forget(gid)
+            if record is not None:
+                self.eval_records.append((int(record["version"]), record))
+            return
+        self.ledger.requests_quarantined += 1
+        group = self.buffer.groups[gid]
+        group.fail("poison request", f"poison request {rid}: {strikes[-1]}")
+        group.quarantined.add(rid)
+        if group.generated:
+            self.lengths.close_group(gid)
+            self.gen_queue.forget(gid)
+        if group.complete:
+            self._on_group_complete(group)
 
     def _check_sample(self, sample: Sample, request: GenerateRequest | EpisodeRequest) -> None:
         """A well-formed sample that contradicts what was asked, or what the books hold, is
@@ -305,7 +285,7 @@ class Orchestrator:
                     self.ledger.scores_retried += 1
                     self.score_queue.submit(request)
                     return
-                group.failed = group.failed or f"reward failed: {result.error}"[:200]
+                group.fail("reward failed", f"reward failed: {result.error}")
         self.score_retries.pop(rid, None)
         self.buffer.add_reward(group.admission.group_id, result)
         self.ledger.rewards_received += 1
@@ -315,7 +295,7 @@ class Orchestrator:
 
     def _on_group_complete(self, group: Group) -> None:
         """A complete group is trained, or dropped: when a reward kept failing (reward.on_error
-        drop: an error is not a real 0), or with dynamic sampling (DAPO) when its rewards are all
+        drop: an error is not a real 0), when one of its requests was quarantined, or with dynamic sampling (DAPO) when its rewards are all
         equal (zero advantage for every sample: it would only spend a batch slot). A dropped
         group gives its admission back to the gate, which admits a new prompt on the next pump.
         A run that keeps dropping (a task solved or out of reach, a broken reward) stops and says why."""
@@ -331,14 +311,14 @@ class Orchestrator:
         self.buffer.drop(gid)
         self.gate.withdraw(gid)
         self.ledger.groups_dropped += 1
-        self.ledger.groups_dropped_by_reason["equal rewards" if reason == "equal rewards" else "reward failed"] += 1
+        self.ledger.groups_dropped_by_reason[group.failed_kind or reason] += 1
         self.ledger.dropped_groups.append(gid)
         self.ledger.samples_dropped += len(group.samples)
         self.dropped_in_row += 1
         if self.dropped_in_row >= tc.max_dropped_in_row:
             why = (f"every sample of each scoring the same (the last: {rewards[0]:g}); the task is solved or out of reach for "
                    "this policy. Change the task, or turn trainer.dynamic_sampling off" if reason == "equal rewards" else
-                   f"the last because its {reason}. Fix the reward function, or set reward.on_error: zero")
+                   f"the last: {reason}. Fix the reward function (or set reward.on_error: zero), or the prompts")
             raise RuntimeError(f"{self.dropped_in_row} groups dropped in a row, {why} (trainer.max_dropped_in_row)")
 
     def on_worker_lost(self, worker: str) -> None:

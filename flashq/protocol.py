@@ -152,7 +152,7 @@ class Sample(Msg, tag="sample"):
     loss_mask: np.ndarray = msgspec.field(default_factory=_empty_u8)  # episodes: uint8, one per token; empty: all 1
     env_reward: float | None = None  # episodes: the environment's reward (no reward worker involved)
     turns: int = 0
-    error: str = ""  # why an episode failed (finish_reason "error")
+    error: str = ""  # why the request or episode failed (finish_reason "error")
     env_seconds: float = 0.0
 
     @staticmethod

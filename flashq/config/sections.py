@@ -176,6 +176,17 @@ class RolloutConfig(Section):
         "or longest-first knowing every length (benchmarks with sampling.forced_lengths only).",
     )
     chunk_tokens: int = Field(0, ge=0, description="Divided rollout: generate responses in chunks of this many tokens; 0: whole.")
+    request_timeout_s: float | None = Field(
+        3600.0, gt=0, description="A generation request (a chunk, with divided rollout) still unanswered this long is aborted "
+        "on its worker and sent again; None: no deadline. Episodes have env's own timeouts.",
+    )
+    max_request_failures: int = Field(
+        3, ge=1, description="A request that fails (generation raised, or overdue) this many times is quarantined."
+    )
+    on_poison: Literal["resample", "fail"] = Field(
+        "resample", description="A quarantined request's group: resample: dropped (counted with the reason; another prompt "
+        "takes its admission); fail: the run stops, naming the request and why it failed.",
+    )
     group_affinity: bool | None = Field(
         None,
         description="Keep a group's requests on the worker its first one went to while it has room (else spread them). "

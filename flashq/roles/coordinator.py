@@ -444,6 +444,8 @@ class Coordinator:
             rec["dynamic_sampling/groups_dropped"] = float(dropped - self.prev_dropped)
             self.prev_dropped = dropped
         rec["rejected_frames"] = float(sum(self.hub.rejected.values()))
+        rec["rollout/requests_failed_total"] = float(books.requests_failed)
+        rec["rollout/requests_quarantined_total"] = float(books.requests_quarantined)
         if self.orch.episodes is not None:
             books = self.orch.ledger
             rec["episodes/kept_total"] = float(books.samples_received)

@@ -1,7 +1,8 @@
 """Rollout worker process: a thin shell around `RolloutEngine`.
 
 Each `GenerateRequest` becomes its own asyncio task, so the engine batches whatever is in flight
-and every sample goes back the moment it finishes. Each `EpisodeRequest` is likewise its own task
+and every sample goes back the moment it finishes; one that raises or runs past its deadline is
+answered as failed and takes nothing else down. Each `EpisodeRequest` is likewise its own task
 playing one environment episode (`flashq.episode`): no barrier between episodes, and their turns
 batch together in the engine. A `Cancel` stops an episode (aborting its engine request); it still
 answers with one sample. Weight-sync calls run in arrival order.
@@ -31,6 +32,25 @@ from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_mo
 from flashq.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.rollout")
+
+
+async def answer(engine: RolloutEngine, req: GenerateRequest, timeout_s: float | None) -> Sample:
+    """The engine's response to `req`, or a sample saying why there is none: a request whose
+    generation raises, or that is still unanswered after `timeout_s` (it is then aborted in the
+    engine), fails alone with finish_reason "error", and the coordinator sends it again or
+    quarantines it. A dead engine is the worker's failure, not the request's: it propagates, the
+    worker exits and is restarted, and its requests go to the other workers."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        return await asyncio.wait_for(engine.generate(req), timeout_s)
+    except TimeoutError:
+        error = f"overdue: unanswered after {timeout_s:g} s (rollout.request_timeout_s), aborted"
+    except EngineDeadError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one request's failure, answered as such
+        error = f"{type(e).__name__}: {e}"
+    return Sample(req.request_id, req.group_id, engine.worker_index, *Sample.empty_arrays(), "error", error=error[:500])
 
 
 class RolloutWorker:
@@ -93,7 +113,7 @@ class RolloutWorker:
     async def _generate(self, req: GenerateRequest) -> None:
         self.clock.begin()
         try:
-            sample: Sample = await self.engine.generate(req)
+            sample = await answer(self.engine, req, self.cfg.rollout.request_timeout_s)
         finally:
             self.clock.end()
         self.tokens += len(sample.token_ids)

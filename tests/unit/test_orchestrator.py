@@ -34,11 +34,11 @@ def finish(orch, req: GenerateRequest, worker: str, version: int = 0, n_tokens: 
 
 
 
-def play(orch, reward_of):
+def play(orch, reward_of, failure_of=lambda req: ""):
     """Every role until the run is done: each response finishes as soon as it is sent, at the
-    engines' version, and scores `reward_of(request_id)`; each batch is trained and its weights
-    served at once. Returns the batches, the requests sent and, per batch, the versions its
-    groups were admitted at."""
+    engines' version (or fails, with `failure_of(request)` when that is not empty), and scores
+    `reward_of(request_id)`; each batch is trained and its weights served at once. Returns the
+    batches, the requests sent and, per batch, the versions its groups were admitted at."""
     batches, sent, admitted = [], [], []
     orch.on_batch_request(1)
     while not orch.done:
@@ -47,6 +47,9 @@ def play(orch, reward_of):
         for peer, msg in out:
             if isinstance(msg, GenerateRequest):
                 sent.append(msg)
+                if error := failure_of(msg):
+                    orch.on_sample(peer, Sample(msg.request_id, msg.group_id, 0, *Sample.empty_arrays(), "error", error=error))
+                    continue
                 finish(orch, msg, peer, version=orch.engine_version)
             elif isinstance(msg, ScoreRequest):
                 orch.on_reward(peer, RewardResult(msg.sample.request_id, reward_of(msg.sample.request_id)))
