@@ -139,3 +139,23 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_without_losing_or_repeatin
     audit(tmp_path, group_size=4)
     steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
     assert steps == list(range(1, 25))  # steps after the checkpoint were redone, not logged twice
+
+
+def test_a_killed_rank_of_a_two_rank_trainer_resumes_the_run_from_its_checkpoint(tmp_path):
+    """Rank 1 of a sharded trainer dies: torchrun stops rank 0, the launcher sees the trainer
+    gone and resumes every role from the newest checkpoint; nothing is lost or trained twice."""
+    import psutil
+
+    run = Run(tmp_path, ["async_ratio=1", "trainer.steps=16", "trainer.world_size=2", "trainer.checkpoint_every=4",
+                         "rollout.num_workers=1"])
+    run.wait_steps(6)
+    rank0 = psutil.Process(run.pid("trainer"))
+    rank1 = next(p for p in rank0.parent().children() if p.pid != rank0.pid and p.environ().get("RANK") == "1")
+    rank1.kill()
+    run.wait_for("resuming from")
+    rc = run.proc.wait(timeout=600)
+    assert rc == 0, "".join(run.lines[-80:])
+    audit(tmp_path, group_size=4)
+    steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
+    assert steps == list(range(1, 17))
+    assert any("rank 1: done at version 16" in line for line in run.lines)  # both ranks came back
