@@ -7,6 +7,10 @@ newest checkpoint when the trainer dies; the coordinator re-queues what a dead w
 Afterwards every admitted group must be trained whole exactly once or be listed untrained when
 the run ended. Also runs the decoder fuzz of `bench/fuzz.py` (a live hub, hostile frames).
 
+Both chaos runs have a rogue third reward worker (`bench/rogue.py`: it answers honestly and then
+sends well-formed but wrong messages after each answer); the second has a two-rank trainer, one
+of whose ranks is killed once (torchrun stops the other; the run resumes from its checkpoint).
+
     python bench/chaos.py                      # writes bench/results/chaos.json
     python bench/chaos.py --steps 60 --kills 6 --fuzz-frames 20000   # a quicker look
 """
@@ -24,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import Counter
 import time
 from pathlib import Path
 
@@ -44,12 +49,15 @@ PID_LINE = re.compile(r"(rollout-\d+|reward-\d+|trainer) (?:connected|rejoined) 
 
 
 class LaunchedRun:
-    """`flashq launch` in a subprocess; remembers the newest pid the coordinator reported per role."""
+    """`flashq launch` in a subprocess; remembers the newest pid the coordinator reported per role.
+    With `rogue`, a third reward worker is bench/rogue.py, started here."""
 
-    def __init__(self, run_dir: Path, overrides: list[str]):
+    def __init__(self, run_dir: Path, overrides: list[str], rogue: bool = False):
         self.run_dir = run_dir
+        extra = ["reward.num_workers=3", "--external", "reward-2"] if rogue else []
         cmd = [sys.executable, "-m", "flashq.cli", "launch", "configs/quickstart.yaml", "--no-progress",
-               f"log.run_dir={run_dir}", *RUN, *overrides]
+               f"log.run_dir={run_dir}", *RUN, *overrides, *extra]
+        self.rogues: list[subprocess.Popen] = []  # a new one for each start of the run (a resume starts a new coordinator)
         self.started = time.time()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"), start_new_session=True)
@@ -63,6 +71,16 @@ class LaunchedRun:
             for line in self.proc.stdout:
                 out.write(line)
                 self.tail = (self.tail + [line])[-80:]
+                if "start reward-2 yourself:" in line:
+                    for old in self.rogues:
+                        old.kill()
+                    address = line.split("--connect ")[1].split()[0]
+                    n = len(self.rogues)
+                    self.rogues.append(subprocess.Popen(
+                        [sys.executable, "bench/rogue.py", str(self.run_dir / "config.yaml"), address, "reward-2",
+                         str(self.run_dir.parent / f"{self.run_dir.name}.rogue{n}.json")],
+                        cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
+                        stdout=(self.run_dir.parent / f"{self.run_dir.name}.rogue{n}.out").open("w"), stderr=subprocess.STDOUT))
                 if m := PID_LINE.search(line):
                     self.pids[m.group(1)] = int(m.group(2))
 
@@ -90,9 +108,9 @@ def kill_group(pid: int) -> None:
         pass
 
 
-def chaos(run: LaunchedRun, steps: int, kills: int, trainer_at: float, seed: int) -> list[dict]:
+def chaos(run: LaunchedRun, steps: int, kills: int, trainer_at: float, seed: int, sharded: bool = False) -> list[dict]:
     """Kill a random live worker every few seconds until `kills` are done (the trainer once, when
-    the run is `trainer_at` of the way through)."""
+    the run is `trainer_at` of the way through; `sharded`: one of its two ranks)."""
     rng = random.Random(seed)
     done: list[dict] = []
     trainer_killed = False
@@ -104,6 +122,19 @@ def chaos(run: LaunchedRun, steps: int, kills: int, trainer_at: float, seed: int
         if not trainer_killed and step >= trainer_at * steps and run.alive("trainer"):
             victim = "trainer"
             trainer_killed = True
+            if sharded:  # one rank, as when one GPU's process dies: torchrun stops the other
+                import psutil
+
+                rank0 = psutil.Process(run.pids["trainer"])
+                ranks = [p for p in rank0.parent().children() if p.environ().get("RANK") in ("0", "1")]
+                rank = rng.choice(ranks)
+                rank.kill()
+                victim = f"trainer rank {rank.environ()['RANK']}"
+                done.append({"time": time.time(), "role": victim, "pid": rank.pid, "step": step})
+                print(f"  killed {victim} (pid {rank.pid}) at step {step}", flush=True)
+                while run.proc.poll() is None and run.pids.get("trainer") == rank0.pid:
+                    time.sleep(1)
+                continue
         else:
             live = [r for r in ("rollout-0", "rollout-1", "reward-0", "reward-1") if run.alive(r)]
             # never the last live worker of its kind: the run must keep going to be measured
@@ -158,19 +189,27 @@ def recovery(kills: list[dict], events: list[dict], restarts: list[dict]) -> lis
         row["detected_s"] = lost["time"] - k["time"] if lost else None
         row["rejoined_s"] = back["time"] - k["time"] if back else None
         row["serving_s"] = serving["time"] - k["time"] if serving else (row["rejoined_s"] if k["role"].startswith("reward") else None)
-        if k["role"] == "trainer":  # back: every role of the resumed run connected again
+        if k["role"].startswith("trainer"):  # back: every role of the resumed run connected again
             started = next((e for e in events if e["event"] == "started" and e["time"] >= k["time"]), None)
             row["rejoined_s"] = started["time"] - k["time"] if started else None
         out.append(row)
     return out
 
 
-def run_once(root: Path, name: str, steps: int, kills: int, seed: int) -> dict:
+def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bool = False, ranks: int = 1) -> dict:
     run_dir = root / name
-    run = LaunchedRun(run_dir, [f"trainer.steps={steps}", f"seed={seed}"])
-    killed = chaos(run, steps, kills, trainer_at=0.4, seed=seed) if kills else []
+    run = LaunchedRun(run_dir, [f"trainer.steps={steps}", f"seed={seed}", f"trainer.world_size={ranks}"], rogue=rogue)
+    killed = chaos(run, steps, kills, trainer_at=0.4, seed=seed, sharded=ranks > 1) if kills else []
     rc = run.proc.wait()
     wall = time.time() - run.started
+    for rogue in run.rogues:
+        try:
+            rogue.wait(timeout=60)  # it leaves when the coordinator says the run is over
+        except subprocess.TimeoutExpired:
+            rogue.kill()
+    sent = Counter()
+    for counts in run_dir.parent.glob(f"{run_dir.name}.rogue*.json"):
+        sent.update(json.loads(counts.read_text()))
     if rc != 0:
         print("".join(run.tail), file=sys.stderr)
         raise SystemExit(f"{name} run failed with status {rc}; output in {run_dir.parent / (run_dir.name + '.out')}")
@@ -182,6 +221,9 @@ def run_once(root: Path, name: str, steps: int, kills: int, seed: int) -> dict:
         "steps_per_s": steps / wall, "tokens": ledger["tokens_received"], **books,
         "requests_requeued": ledger["requests_requeued"], "scores_requeued": ledger["scores_requeued"],
         "rejected_from_lost_workers": sum(v for k, v in ledger["rejected"].items() if "declared lost" in k),
+        "rejected_from_live_peers": sum(v for k, v in ledger["rejected"].items() if "declared lost" not in k),
+        "rejected_by_reason": ledger["rejected"], "ranks": ranks,
+        "rogue_sent": dict(sent),
         "recovery": recovery(killed, faults, restarts), "killed": killed,
     }
 
@@ -199,6 +241,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--kills", type=int, default=24)
+    ap.add_argument("--kills-sharded", type=int, default=12, help="kills in the run with a two-rank trainer")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fuzz-frames", type=int, default=130_000)
     ap.add_argument("--keep", type=Path, help="keep the run directories here")
@@ -206,15 +249,17 @@ def main() -> None:
     root = args.keep or Path(tempfile.mkdtemp(prefix="flashq-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
     calm = run_once(root, "calm", args.steps, 0, args.seed)
-    storm = run_once(root, "chaos", args.steps, args.kills, args.seed)
+    storm = run_once(root, "chaos", args.steps, args.kills, args.seed, rogue=True)
+    sharded = run_once(root, "chaos-2-ranks", args.steps, args.kills_sharded, args.seed + 1, rogue=True, ranks=2)
     from flashq import fuzz
 
     fuzzed = asyncio.run(blast(list(fuzz.frames(args.fuzz_frames, seed=7))))
-    rows = [calm, storm]
+    rows = [calm, storm, sharded]
     print_table("chaos: random kills during a real run vs the same run left alone", rows,
                 [("run", "run", ""), ("kills", "kills", "d"), ("restarts", "restarts", "d"), ("wall_s", "wall s", ".0f"),
                  ("steps_per_s", "steps/s", ".2f"), ("samples_trained", "trained", ",d"), ("samples_lost", "lost", "d"),
-                 ("samples_duplicated", "duplicated", "d"), ("requests_requeued", "requeued", "d")])
+                 ("samples_duplicated", "duplicated", "d"), ("requests_requeued", "requeued", "d"),
+                 ("rejected_from_live_peers", "rejected (rogue)", ",d")])
     rec = storm["recovery"]
     by_kind = {}
     for kind in ("rollout", "reward", "trainer"):
@@ -224,11 +269,14 @@ def main() -> None:
     print_table("time to recover after a kill (mean seconds)", [{"role": k, **v} for k, v in by_kind.items()],
                 [("role", "role", ""), ("kills", "kills", "d"), ("detected_s", "noticed", ".1f"),
                  ("rejoined_s", "back", ".1f"), ("serving_s", "serving", ".1f")])
-    lost_ok = storm["samples_lost"] == 0 and storm["groups_partial"] == 0 and storm["groups_trained_and_untrained"] == 0
+    whole = lambda r: r["samples_lost"] == 0 and r["groups_partial"] == 0 and r["groups_trained_and_untrained"] == 0  # noqa: E731
     figures = {
-        "kills_survived": storm["kills"] if lost_ok else 0,
-        "samples_lost": storm["samples_lost"],
-        "samples_duplicated": storm["samples_duplicated"],
+        "kills_survived": storm["kills"] if whole(storm) else 0,
+        "kills_survived_sharded": sharded["kills"] if whole(sharded) else 0,
+        "hostile_messages_sent": sum(sum(r["rogue_sent"].values()) for r in (storm, sharded)),
+        "hostile_messages_rejected": sum(r["rejected_from_live_peers"] for r in (storm, sharded)),
+        "samples_lost": storm["samples_lost"] + sharded["samples_lost"],
+        "samples_duplicated": storm["samples_duplicated"] + sharded["samples_duplicated"],
         "fuzz_frames_rejected_without_crash": fuzzed["rejected"],
         "throughput_vs_no_kills": storm["steps_per_s"] / calm["steps_per_s"],
         "recovery_s_by_role": by_kind,

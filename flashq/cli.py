@@ -31,6 +31,11 @@ def _parser() -> argparse.ArgumentParser:
         help="local: every role a process on this machine; ray: every role a Ray actor on the cluster at ray.address",
     )
     launch.add_argument(
+        "--external", action="append", default=[], metavar="ROLE",
+        help="a role (e.g. reward-1) you start yourself, with the command printed for it (in a debugger, on another "
+        "host); the launcher neither starts nor restarts it, and the run waits for it to connect",
+    )
+    launch.add_argument(
         "--resume", nargs="?", const="latest", metavar="RUN_DIR",
         help="continue a stopped run from its last checkpoint (default: the newest run of this config's name)",
     )
@@ -104,7 +109,10 @@ def _launch(args) -> int:
     if args.dry_run:
         print(dry_run(cfg))
         return 0
-    return Launcher(cfg, show_progress=False if args.no_progress else None, backend=args.backend).run()
+    unknown = sorted(set(args.external) - set(cfg.role_names()) | set(args.external) & {"coordinator", "trainer"})
+    if unknown:
+        raise ConfigError(f"--external {', '.join(unknown)}: not a rollout or reward role of this run ({', '.join(cfg.role_names())})")
+    return Launcher(cfg, show_progress=False if args.no_progress else None, backend=args.backend, external=args.external).run()
 
 
 def _sft(args) -> int:

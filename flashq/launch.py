@@ -146,8 +146,9 @@ def dry_run(cfg: FlashqConfig) -> str:
 
 
 class Launcher:
-    def __init__(self, cfg: FlashqConfig, show_progress: bool | None = None, backend: str = "local"):
-        """backend "ray": every role runs in a Ray actor wherever Ray places it (`ray_backend`)."""
+    def __init__(self, cfg: FlashqConfig, show_progress: bool | None = None, backend: str = "local", external=()):
+        """backend "ray": every role runs in a Ray actor wherever Ray places it (`ray_backend`).
+        `external`: worker roles someone else starts (and restarts); the run waits for them."""
         from rich.console import Console
 
         self.cfg = cfg
@@ -159,6 +160,7 @@ class Launcher:
         self.restarts = 0
         self.backend = backend
         self.ray = None
+        self.external = set(external)
 
     def run(self) -> int:
         if self.backend == "local":
@@ -239,7 +241,10 @@ class Launcher:
             self.say(f"ray: {self.ray.describe()}")
         dump_config(self.cfg, config_file)
         resolve_model(self.cfg)  # build the tiny model once, before the roles race to it
-        self.roles = role_specs(self.cfg, config_file)
+        self.roles = [r for r in role_specs(self.cfg, config_file) if r.name not in self.external]
+        for r in role_specs(self.cfg, config_file):
+            if r.name in self.external:
+                self.say(f"start {r.name} yourself: {' '.join(r.cmd)}")
         loop = asyncio.get_running_loop()
         interrupted = asyncio.Event()
         loop.add_signal_handler(signal.SIGINT, interrupted.set)

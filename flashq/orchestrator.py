@@ -75,7 +75,8 @@ class Orchestrator:
         ec = cfg.env
         self.episodes = RedundantGroups(ec.redundancy, ec.max_failures_per_group) if ec is not None else None
         self.cancelled: set[str] = set()  # episodes told to stop, not yet answered
-        self.engine_version = 0
+        self.engine_version = 0  # every engine serves it
+        self.version_pushed = 0  # the newest version the trainer has begun to push: no token may be newer
         self.trained_version = 0
         self.trainer_credits = 0
         self.next_task = 0
@@ -201,6 +202,10 @@ class Orchestrator:
         rid = sample.request_id
         if sample.group_id != request.group_id:
             raise KeyError(f"sample {rid} names group {sample.group_id}, but was requested for group {request.group_id}")
+        newest = max(self.engine_version, self.version_pushed)
+        if len(sample.versions) and (sample.versions.min() < 0 or sample.versions.max() > newest):
+            raise ValueError(f"sample {rid} has tokens of versions {sample.versions.min()}..{sample.versions.max()}; "
+                             f"no engine has been sent a version past {newest}")
         if is_eval(rid) or isinstance(request, EpisodeRequest):
             return  # evaluation has no buffer group; an episode's verdict decides (it may be discarded)
         group = self.buffer.groups.get(request.group_id)
@@ -355,6 +360,9 @@ class Orchestrator:
 
     def on_batch_request(self, credits: int) -> None:
         self.trainer_credits += credits
+
+    def on_push_started(self, version: int) -> None:
+        self.version_pushed = max(self.version_pushed, version)
 
     def on_weights_served(self, version: int) -> None:
         """Every rollout engine now serves `version` (again, after a regroup: a no-op)."""

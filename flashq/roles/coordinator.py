@@ -159,11 +159,19 @@ class Coordinator:
         self.announced = list(self.rollouts)
         self.rank_offsets = self._offsets(self.announced)
         world = sum(self.engine_ranks.values())
+        died = []  # workers that said hello and died before their start message: lost, restarted, rejoining
         for peer in self.peers:
-            await self.hub.send(peer, Start(run_id=self.run_dir.name, inference_world_size=world, rank_offset=self.rank_offsets.get(peer, 0)))
+            try:
+                await self.hub.send(peer, Start(run_id=self.run_dir.name, inference_world_size=world, rank_offset=self.rank_offsets.get(peer, 0)))
+            except PeerLost:
+                if not (self.tolerant and peer in self.rollouts + self.rewards):
+                    raise
+                died.append(peer)
         self.alive = set(self.peers)
         now = time.monotonic()  # roles send no heartbeats while they wait for Start: count silence from here
         self.hub.last_seen.update({p: now for p in self.peers})
+        for peer in died:
+            self._lose(peer, "it died before its start message")
         (self.run_dir / "started.json").write_text(json.dumps({"time": time.time(), "roles": self.peers}))
         self._fault({"peer": "coordinator", "event": "started", "version": self.orch.trained_version})
         log.info("all %d roles connected; %d inference rank(s); async_ratio=%g", len(self.peers), world, self.cfg.async_ratio)
@@ -266,6 +274,8 @@ class Coordinator:
             raise ValueError(f"weight sync call from {peer}; only the trainer may start one")
         if call.method == "init_weight_transfer_engine":  # a new group, for the workers last announced
             self.group = list(self.announced)
+        elif call.method == "push_weights":
+            self.orch.on_push_started(call.version)
         recipients = [r for r in self.group if r in self.alive]
         pending = self.syncs[call.call_id] = PendingSync(call, set(recipients), recipients=set(recipients))
         if not recipients:  # every rollout worker is gone: nothing to do until one rejoins

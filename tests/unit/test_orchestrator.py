@@ -241,8 +241,11 @@ def test_a_sample_that_contradicts_its_request_is_refused_and_stays_owed():
     load = dict(orch.gen_queue.load)
     with pytest.raises(ValueError, match=f"at most {req.max_tokens} were asked"):
         orch.on_sample(peer, Sample(req.request_id, req.group_id, 0, *tokens(req.max_tokens + 1), "stop"))
+    with pytest.raises(ValueError, match="no engine has been sent a version past 0"):
+        orch.on_sample(peer, Sample(req.request_id, req.group_id, 0, tokens(3)[0], tokens(3)[1], np.array([0, 1, 1], np.int32), "stop"))
+    orch.on_push_started(1)  # once version 1 is on its way, an engine may sample with it before all serve it
     assert orch.request_worker[req.request_id] == peer and orch.gen_queue.load == load  # nothing changed
-    finish(orch, req, peer)  # the right answer is still taken
+    finish(orch, req, peer, version=1)  # the right answer is still taken
     assert orch.ledger.samples_received == 1 and req.request_id not in orch.request_worker
 
 
