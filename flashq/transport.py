@@ -95,6 +95,7 @@ class Hub:
     def __init__(self, address: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30, curve_keys: Path | None = None):
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
+        self.hwm = hwm
         _configure(self.sock, hwm, max_message_bytes)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted role takes over its name
@@ -114,9 +115,15 @@ class Hub:
         self.last_seen: dict[str, float] = {}
 
     async def send(self, peer: str, msg: Message) -> None:
+        """Queue `msg` for `peer` without waiting: a peer whose queue is full (it has stopped
+        reading, with `hwm` messages waiting) is lost, since waiting for it would stop the
+        coordinator talking to everyone else, and a peer that waits to send to the coordinator
+        in turn would never be read again (found by bench/rogue.py)."""
         frames = self.codec.encoder.encode(msg)
         try:
-            await self.sock.send_multipart([peer.encode(), *frames], copy=False)
+            await self.sock.send_multipart([peer.encode(), *frames], copy=False, flags=zmq.DONTWAIT)
+        except zmq.Again:
+            raise PeerLost(f"{peer} is not reading: its queue of {self.hwm} messages is full") from None
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 raise PeerLost(f"{peer} is not connected") from None

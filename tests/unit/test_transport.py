@@ -83,6 +83,25 @@ def test_slow_consumer_slows_the_producer_and_loses_nothing():
     run(main())
 
 
+def test_a_peer_that_stops_reading_is_lost_and_never_blocks_the_hub():
+    """Waiting on a full peer would stop the coordinator serving everyone (and deadlock with a
+    peer that waits to send to it): the send fails at once, naming the peer."""
+
+    async def main():
+        hub = Hub("tcp://127.0.0.1:*", hwm=4)
+        deaf, other = Link(hub.address, "reward-0", hwm=4), Link(hub.address, "reward-1")
+        await deaf.send(Heartbeat(0.0)), await other.send(Heartbeat(0.0))
+        await hub.recv(), await hub.recv()  # both connected
+        with pytest.raises(PeerLost, match="reward-0 is not reading"):
+            for i in range(100_000):  # fills the queues and the socket buffers between them
+                await hub.send("reward-0", sample(i, n=20_000))
+        await hub.send("reward-1", Heartbeat(3.0))  # everyone else is still served
+        assert (await other.recv()).sent_at == 3.0
+        hub.close(), deaf.close(), other.close()
+
+    run(main())
+
+
 def test_curve_keys_encrypt_and_refuse_peers_without_the_client_key(tmp_path):
     """With transport.curve_keys the hub talks to a link holding the run's keys; a plain socket
     and one with a key of its own are refused at the handshake: not a frame gets through."""
