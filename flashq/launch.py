@@ -35,6 +35,9 @@ COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_gr
 GRACE_S = 15.0
 
 
+LINE_LIMIT = 1 << 20  # longest line of a role's output read whole
+
+
 class LocalProcess:
     """A role as a child of the launcher, in its own process group (so its vLLM engine
     processes are signalled with it)."""
@@ -46,7 +49,7 @@ class LocalProcess:
     async def start(cls, cmd: list[str], env: dict[str, str], cpus: list[int]) -> LocalProcess:
         return cls(await asyncio.create_subprocess_exec(
             *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_pin(cpus),
+            preexec_fn=_pin(cpus), limit=LINE_LIMIT,
         ))
 
     @property
@@ -54,7 +57,15 @@ class LocalProcess:
         return self.proc.returncode
 
     async def readline(self) -> bytes:
-        return await self.proc.stdout.readline()
+        """The next line, or a `LINE_LIMIT` piece of a longer one. (asyncio's own readline raises
+        on a longer line: the output would stop being read, and the role would block on its next
+        write, silent to every other role.)"""
+        try:
+            return await self.proc.stdout.readuntil(b"\n")
+        except asyncio.IncompleteReadError as e:  # the end of the output
+            return e.partial
+        except asyncio.LimitOverrunError as e:
+            return await self.proc.stdout.read(e.consumed)
 
     def signal(self, sig: int) -> None:
         _signal_group(self.proc.pid, sig)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,13 @@ from flashq.roles.common import resolve_model
 from flashq.transport import Hub, PeerLost
 
 log = logging.getLogger("flashq.coordinator")
+REASON_DETAIL = re.compile(r"[\w./-]*\d[\w./-]*")  # an id or a number in a reason
+
+
+def rejection_kind(peer: str, msg: Message, error: Exception) -> str:
+    """What the books count a refused message under: its type, the sender's kind of role and the
+    reason with ids and numbers left out, so a million wrong messages make a handful of keys."""
+    return f"{type(msg).__name__} from {peer.split('-')[0]}: {REASON_DETAIL.sub('#', str(error).strip(chr(39)))}"[:120]
 
 
 class RoleFailed(RuntimeError):
@@ -194,10 +202,17 @@ class Coordinator:
                 else:
                     self._handle(peer, msg)
             except (KeyError, ValueError) as e:
-                self.orch.ledger.rejected[f"{type(msg).__name__}: {str(e)[:60]}"] += 1
-                log.warning("rejected %s from %s: %s", type(msg).__name__, peer, e)
+                self._reject(peer, msg, e)
             await self._pump()
         log.info("trained %d steps; books: %s", self.cfg.trainer.steps, json.dumps(self.orch.ledger.summary(self.orch.buffer)))
+
+    def _reject(self, peer: str, msg: Message, error: Exception) -> None:
+        """Count a refused message by its kind of reason, and log the first of each kind."""
+        reason = rejection_kind(peer, msg, error)
+        self.orch.ledger.rejected[reason] += 1
+        count = self.orch.ledger.rejected[reason]
+        if count <= 3 or count % 1000 == 0:
+            log.warning("rejected %s from %s (%d of this kind): %s", type(msg).__name__, peer, count, error)
 
     def _handle(self, peer: str, msg: Message) -> None:
         orch = self.orch
