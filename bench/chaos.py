@@ -128,8 +128,8 @@ def chaos(run: LaunchedRun, steps: int, kills: int, trainer_at: float, seed: int
                 rank0 = psutil.Process(run.pids["trainer"])
                 ranks = [p for p in rank0.parent().children() if p.environ().get("RANK") in ("0", "1")]
                 rank = rng.choice(ranks)
-                rank.kill()
                 victim = f"trainer rank {rank.environ()['RANK']}"
+                rank.kill()
                 done.append({"time": time.time(), "role": victim, "pid": rank.pid, "step": step})
                 print(f"  killed {victim} (pid {rank.pid}) at step {step}", flush=True)
                 while run.proc.poll() is None and run.pids.get("trainer") == rank0.pid:
@@ -165,7 +165,7 @@ def audit(run_dir: Path, group_size: int) -> dict:
         counts[rid.rsplit("/", 1)[0]] = counts.get(rid.rsplit("/", 1)[0], 0) + 1
     admitted = {f"g{i}" for i in range(ledger["groups_admitted"])}
     untrained = set(ledger["groups_untrained_at_finish"])
-    lost_groups = admitted - set(counts) - untrained
+    lost_groups = admitted - set(counts) - untrained - set(ledger["groups_dropped_ids"])  # dropped: listed with a reason
     return {
         "samples_trained": len(ids),
         "samples_duplicated": len(ids) - len(set(ids)),
@@ -196,9 +196,18 @@ def recovery(kills: list[dict], events: list[dict], restarts: list[dict]) -> lis
     return out
 
 
-def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bool = False, ranks: int = 1) -> dict:
+# Poison: replayed response lengths (heavy-tailed, fixed per request, so a retry is as long as the
+# first try) and a request deadline set beforehand at 2 s, which a 400-token response on this
+# host's loaded engine misses and a median 10-token one meets by far: the longest requests miss
+# it every time and are quarantined; everything else must be trained or listed.
+POISON = ["sampling.forced_lengths={median: 10, sigma: 1.5, min: 1, max: 400}", "sampling.max_tokens=400",
+          "rollout.max_model_len=512", "rollout.request_timeout_s=2", "rollout.max_request_failures=2"]
+
+
+def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bool = False, ranks: int = 1,
+             extra: list[str] = ()) -> dict:
     run_dir = root / name
-    run = LaunchedRun(run_dir, [f"trainer.steps={steps}", f"seed={seed}", f"trainer.world_size={ranks}"], rogue=rogue)
+    run = LaunchedRun(run_dir, [f"trainer.steps={steps}", f"seed={seed}", f"trainer.world_size={ranks}", *extra], rogue=rogue)
     killed = chaos(run, steps, kills, trainer_at=0.4, seed=seed, sharded=ranks > 1) if kills else []
     rc = run.proc.wait()
     wall = time.time() - run.started
@@ -223,6 +232,8 @@ def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bo
         "rejected_from_lost_workers": sum(v for k, v in ledger["rejected"].items() if "declared lost" in k),
         "rejected_from_live_peers": sum(v for k, v in ledger["rejected"].items() if "declared lost" not in k),
         "rejected_by_reason": ledger["rejected"], "ranks": ranks,
+        "requests_failed": ledger.get("requests_failed", 0), "requests_quarantined": ledger.get("requests_quarantined", 0),
+        "groups_dropped_by_reason": ledger["groups_dropped_by_reason"],
         "rogue_sent": dict(sent),
         "recovery": recovery(killed, faults, restarts), "killed": killed,
     }
@@ -242,6 +253,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--kills", type=int, default=24)
     ap.add_argument("--kills-sharded", type=int, default=12, help="kills in the run with a two-rank trainer")
+    ap.add_argument("--poison-steps", type=int, default=100, help="steps of the run with poison requests")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fuzz-frames", type=int, default=130_000)
     ap.add_argument("--keep", type=Path, help="keep the run directories here")
@@ -253,13 +265,14 @@ def main() -> None:
     sharded = run_once(root, "chaos-2-ranks", args.steps, args.kills_sharded, args.seed + 1, rogue=True, ranks=2)
     from flashq import fuzz
 
+    poisoned = run_once(root, "poison", args.poison_steps, 0, args.seed + 2, extra=POISON)
     fuzzed = asyncio.run(blast(list(fuzz.frames(args.fuzz_frames, seed=7))))
-    rows = [calm, storm, sharded]
+    rows = [calm, storm, sharded, poisoned]
     print_table("chaos: random kills during a real run vs the same run left alone", rows,
                 [("run", "run", ""), ("kills", "kills", "d"), ("restarts", "restarts", "d"), ("wall_s", "wall s", ".0f"),
                  ("steps_per_s", "steps/s", ".2f"), ("samples_trained", "trained", ",d"), ("samples_lost", "lost", "d"),
                  ("samples_duplicated", "duplicated", "d"), ("requests_requeued", "requeued", "d"),
-                 ("rejected_from_live_peers", "rejected (rogue)", ",d")])
+                 ("rejected_from_live_peers", "rejected (rogue)", ",d"), ("requests_quarantined", "quarantined", "d")])
     rec = storm["recovery"]
     by_kind = {}
     for kind in ("rollout", "reward", "trainer"):
@@ -275,6 +288,8 @@ def main() -> None:
         "kills_survived_sharded": sharded["kills"] if whole(sharded) else 0,
         "hostile_messages_sent": sum(sum(r["rogue_sent"].values()) for r in (storm, sharded)),
         "hostile_messages_rejected": sum(r["rejected_from_live_peers"] for r in (storm, sharded)),
+        "poison_requests_quarantined": poisoned["requests_quarantined"] if whole(poisoned) else 0,
+        "poison_run_samples_lost": poisoned["samples_lost"],
         "samples_lost": storm["samples_lost"] + sharded["samples_lost"],
         "samples_duplicated": storm["samples_duplicated"] + sharded["samples_duplicated"],
         "fuzz_frames_rejected_without_crash": fuzzed["rejected"],
@@ -282,8 +297,11 @@ def main() -> None:
         "recovery_s_by_role": by_kind,
     }
     path = write_result("chaos", {"runs": rows, "fuzz": fuzzed}, figures, notes=(
-        "Both runs: the tiny model, 2 rollout + 2 reward workers, async_ratio 2, checkpoints every 10 steps, on this "
-        "machine's 2 cores. Kills are SIGKILL to a role's process group every 4-10 s (a worker only while another of its kind "
+        "Every run: the tiny model, 2 rollout + 2 reward workers, async_ratio 2, checkpoints every 10 steps, on this "
+        "machine's 2 cores. chaos and chaos-2-ranks add a rogue third reward worker (bench/rogue.py: honest answers, then ten "
+        "kinds of well-formed but wrong messages after each); chaos-2-ranks trains on two gloo ranks and kills one of them "
+        "once. poison: replayed heavy-tailed lengths and a 2 s request deadline set beforehand; requests that miss it twice "
+        "are quarantined and their groups dropped (listed). Kills are SIGKILL to a role's process group every 4-10 s (a worker only while another of its kind "
         "is up; the trainer once, 40% of the way). noticed: kill -> the coordinator declares the worker lost; back: -> it "
         "says hello again (trainer: -> every role of the resumed run connected); serving: -> a restarted rollout worker serves the "
         "current weights. throughput_vs_no_kills: training steps per second, chaos run / calm run."))
