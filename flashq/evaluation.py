@@ -5,7 +5,9 @@ a multiple of `eval.every`, and at the end. Each of its prompts gets `eval.sampl
 responses (mean reward, pass@k) and, with `eval.greedy`, one at temperature 0 (greedy accuracy).
 Its requests share the rollout queue with training's but never pass the staleness gate, never
 enter the sample buffer and are never trained; their replies are scored by the reward workers
-like any other and counted in the ledger apart (`eval_*`). A round is tagged with the version the
+like any other and counted in the ledger apart (`eval_*`). With an environment, each prompt is an
+episode with a seed training never uses (`episode_seed`), scored by the environment itself; an
+episode that fails is lost to its round (`requests_lost`), not scored 0. A round is tagged with the version the
 engines served when it started and the range of versions its tokens were sampled at (a push may
 land while a round runs: the engines keep generating across it).
 """
@@ -20,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from flashq.config import EvalConfig, SamplingConfig
-from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest
+from flashq.protocol import EpisodeRequest, GenerateRequest, RewardResult, Sample, ScoreRequest
 
 PREFIX = "eval"
 
@@ -33,6 +35,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def episode_seed(task_seed: int, p: int) -> int:
+    """The seed of held-out episode p: training's episodes take seeds task_seed * 1_000_003 + i for
+    i = 0, 1, ... (mod 2**31); held-out ones count down from i = -1, which training never reaches."""
+    return (task_seed * 1_000_003 - 1 - p) % 2**31
 
 
 def is_eval(request_id: str) -> bool:
@@ -58,14 +66,17 @@ class EvalRound:
 class Evaluator:
     """Rounds of evaluation requests and their results; plain logic, no sockets."""
 
-    def __init__(self, cfg: EvalConfig, sampling: SamplingConfig, tasks: list[dict], prompt_ids: list[np.ndarray],
-                 steps: int, seed: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, cfg: EvalConfig, sampling: SamplingConfig, tasks: list[dict], prompt_ids: list[np.ndarray] | None,
+                 steps: int, seed: int, clock: Callable[[], float] = time.monotonic, episode_seeds: list[int] | None = None):
+        """`prompt_ids`: each task's prompt, for single-turn tasks; `episode_seeds` instead: each
+        task is an environment episode played with that seed (one training never uses)."""
         if not tasks:
             raise ValueError("eval: no held-out prompts (eval.task gives none, or none of the task source's prompts is held out)")
         self.cfg = cfg
         self.sampling = sampling
         self.tasks = tasks
         self.prompt_ids = prompt_ids
+        self.episode_seeds = episode_seeds
         self.steps = steps
         self.seed = seed
         self.clock = clock
@@ -80,13 +91,13 @@ class Evaluator:
             return False
         return version == 0 or version >= self.steps or (self.cfg.every > 0 and version % self.cfg.every == 0)
 
-    def start(self, version: int) -> list[GenerateRequest]:
+    def start(self, version: int) -> list[GenerateRequest | EpisodeRequest]:
         r = self.next_round
         self.next_round += 1
         self.done_versions.add(version)
         max_tokens = self.cfg.max_tokens or self.sampling.max_tokens
         requests = []
-        for p, (task, ids) in enumerate(zip(self.tasks, self.prompt_ids)):
+        for p, (task, ids) in enumerate(zip(self.tasks, self.prompt_ids or [None] * len(self.tasks))):
             gid = f"{PREFIX}{r}/{p}"
             kinds = [(str(k), self.sampling.temperature) for k in range(self.cfg.samples)]
             if self.cfg.greedy:
@@ -95,7 +106,13 @@ class Evaluator:
                 seed = None
                 if self.sampling.seed_requests:  # by version (a resumed run draws what it would have), apart from training's
                     seed = (self.seed * 7_919 + 1_000_000_007 + (version * len(self.tasks) + p) * len(kinds) + j) % 2**31
-                requests.append(GenerateRequest(request_id=f"{gid}/{name}", group_id=gid, prompt_ids=ids, max_tokens=max_tokens,
+                rid = f"{gid}/{name}"
+                if self.episode_seeds is not None:  # an environment episode: the env writes the prompt and scores it
+                    s = self.episode_seeds[p]
+                    requests.append(EpisodeRequest(request_id=rid, group_id=gid, task={**task, "seed": s}, seed=s,
+                                                   max_tokens=max_tokens, temperature=temperature, top_p=self.sampling.top_p))
+                    continue
+                requests.append(GenerateRequest(request_id=rid, group_id=gid, prompt_ids=ids, max_tokens=max_tokens,
                                                 min_tokens=0, temperature=temperature, top_p=self.sampling.top_p, seed=seed))
         self.rounds[r] = EvalRound(r, version, expected=len(requests), started=self.clock())
         self.unanswered.update({f"{PREFIX}{r}/{p}": len(requests) // len(self.tasks) for p in range(len(self.tasks))})
@@ -175,8 +192,10 @@ class Evaluator:
         if rnd.sampled:
             rewards = [r for rs in rnd.sampled.values() for r in rs]
             rec["mean_reward"] = float(np.mean(rewards))
-            for k in self.cfg.k:
-                rec[f"pass@{k}"] = float(np.mean([pass_at_k(len(rs), passed(rs), k) for rs in rnd.sampled.values()]))
+            for k in self.cfg.k:  # over the prompts with k samples or more (a lost request leaves one short)
+                estimates = [pass_at_k(len(rs), passed(rs), k) for rs in rnd.sampled.values() if len(rs) >= k]
+                if estimates:
+                    rec[f"pass@{k}"] = float(np.mean(estimates))
         if rnd.greedy:
             rec["greedy_accuracy"] = float(np.mean([r >= self.cfg.pass_threshold for r in rnd.greedy.values()]))
         return rec

@@ -29,7 +29,7 @@ from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
 from flashq.divided import DividedRollout
 from flashq.drafting import HISTORY_PROMPTS
-from flashq.evaluation import Evaluator, is_eval
+from flashq.evaluation import Evaluator, episode_seed, is_eval
 from flashq.ledger import Ledger
 from flashq.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
@@ -98,7 +98,10 @@ class Orchestrator:
         self.request_failures: dict[str, list[str]] = {}  # request id -> why each failed attempt failed
         self.evaluator: Evaluator | None = None
         self.eval_records: list[tuple[int, dict]] = []  # finished rounds (version, record), for the coordinator to log
-        if cfg.eval is not None:
+        if cfg.eval is not None and cfg.env is not None:  # episodes: the environment writes each prompt in the rollout worker
+            seeds = [episode_seed(cfg.task.seed, p) for p in range(len(eval_tasks))]
+            self.evaluator = Evaluator(cfg.eval, cfg.sampling, list(eval_tasks), None, cfg.trainer.steps, cfg.seed, clock, seeds)
+        elif cfg.eval is not None:
             room = cfg.rollout.max_model_len - (cfg.eval.max_tokens or cfg.sampling.max_tokens)
             kept = [(t, ids) for t in eval_tasks if len(ids := encode_prompt(t)) <= room]
             self.evaluator = Evaluator(cfg.eval, cfg.sampling, [t for t, _ in kept], [ids for _, ids in kept], cfg.trainer.steps, cfg.seed, clock)
@@ -117,7 +120,7 @@ class Orchestrator:
         request = self.request_sent.pop(sample.request_id)
         self.worker_tokens[worker] += len(sample.token_ids)
         if isinstance(request, EpisodeRequest):
-            self._on_episode(worker, sample)
+            self._on_eval_episode(sample) if is_eval(sample.request_id) else self._on_episode(worker, sample)
             return
         if sample.finish_reason in ("error", "abort"):  # generation raised, or was overdue and aborted
             self._on_failed_request(worker, request, sample.error or sample.finish_reason)
@@ -194,6 +197,24 @@ class Orchestrator:
             self.gen_queue.forget(gid)
         if group.complete:
             self._on_group_complete(group)
+
+    def _on_eval_episode(self, sample: Sample) -> None:
+        """A held-out episode: its environment's reward is its score (no reward worker); one that
+        failed is lost to its round rather than scored 0."""
+        rid, gid = sample.request_id, sample.group_id
+        self.ledger.eval_samples_received += 1
+        self.request_sent_at.pop(rid, None)
+        if sample.finish_reason in ("error", "abort") or sample.env_reward is None:
+            log.warning("evaluation episode %s failed: %s", rid, sample.error or sample.finish_reason)
+            record, prompt_done = self.evaluator.on_lost(rid)
+        else:
+            _, prompt_done = self.evaluator.on_sample(sample)
+            self.ledger.eval_rewards_received += 1
+            record = self.evaluator.on_reward(RewardResult(rid, float(sample.env_reward)))
+        if prompt_done:
+            self.gen_queue.forget(gid)
+        if record is not None:
+            self.eval_records.append((int(record["version"]), record))
 
     def _check_sample(self, sample: Sample, request: GenerateRequest | EpisodeRequest) -> None:
         """A well-formed sample that contradicts what was asked, or what the books hold, is
@@ -379,6 +400,9 @@ class Orchestrator:
         if self.evaluator is None or self.generation_paused or not self.evaluator.due(self.engine_version):
             return
         for req in self.evaluator.start(self.engine_version):
+            if isinstance(req, EpisodeRequest):
+                self.gen_queue.submit(req)
+                continue
             self.lengths.add_group(req.group_id, req.prompt_ids)
             self.gen_queue.submit(self.divided.first(req))
 

@@ -94,11 +94,10 @@ class FlashqConfig(Section):
             raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
         if self.env is not None and (self.rollout.scheduler != "fifo" or self.rollout.chunk_tokens or fl is not None):
             raise ValueError("env episodes run with rollout.scheduler fifo, no rollout.chunk_tokens and no sampling.forced_lengths")
-        if self.eval is not None and (self.env is not None or fl is not None):
+        if self.eval is not None and fl is not None:
             # a config built on one that evaluates (the quickstart's) still runs; the resolved
             # config.yaml shows eval: null, and the launcher says why
-            what = "environment episodes are not evaluated yet" if self.env is not None else "benchmark replays (sampling.forced_lengths) have no answers"
-            logging.getLogger("flashq.config").warning("eval: off: %s", what)
+            logging.getLogger("flashq.config").warning("eval: off: benchmark replays (sampling.forced_lengths) have no answers")
             object.__setattr__(self, "eval", None)
         if self.eval is not None:
             if self.eval.task is not None and self.eval.task == self.task:

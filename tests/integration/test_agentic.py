@@ -51,7 +51,8 @@ def test_a_user_environment_plugs_in_by_config_and_trains_every_kept_episode_onc
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "flashq.cli", "launch", str(ROOT / "configs/quickstart.yaml"), "--no-progress",
            f"log.run_dir={run_dir}", *SMALL, "env={name: 'my_envs:CountUp', redundancy: 2, max_turns: 4}",
-           "sampling.max_tokens=4", "rollout.max_model_len=256", "rollout.num_workers=1", "async_ratio=1", "trainer.steps=4"]
+           "sampling.max_tokens=4", "rollout.max_model_len=256", "rollout.num_workers=1", "async_ratio=1", "trainer.steps=4",
+           "eval={every: 2, prompts: 3, samples: 2, k: [1, 2]}"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=f"{ROOT}")
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -70,5 +71,11 @@ def test_a_user_environment_plugs_in_by_config_and_trains_every_kept_episode_onc
     # episodes were multi-turn: each trained sequence holds three assistant turns and the env's replies
     assert all(r["response/mean_tokens"] >= 3 for r in steps)
     assert steps[-1]["episodes/failed_total"] == ledger["episodes_failed"] and steps[-1]["episodes/per_s"] > 0
+    # held-out episodes were evaluated at the start, every 2 versions and the end, scored by the environment
+    rounds = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["version"] for r in rounds] == [0, 2, 4] and all(r["prompts"] == 3 for r in rounds)
+    assert ledger["eval_requests_sent"] == ledger["eval_samples_received"] == 3 * 3 * 3
+    assert ledger["eval_rewards_received"] + sum(r["requests_lost"] for r in rounds) == 27
+    assert all(0 <= r["greedy_accuracy"] <= 1 for r in rounds)
     # episodes ran across weight updates: every trained token within the staleness bound (alpha 1)
     assert all(version - vmin <= 1 and vmax <= version for version, _, vmin, vmax in trained)

@@ -10,7 +10,7 @@ import pytest
 from flashq.config import ConfigError, load_config
 from flashq.data import evaluation_tasks, training_tasks
 from flashq.data.holdout import is_held_out
-from flashq.evaluation import pass_at_k
+from flashq.evaluation import is_eval, pass_at_k
 from flashq.orchestrator import Orchestrator
 from flashq.protocol import GenerateRequest, RewardResult, ScoreRequest, TrainBatch
 from tests.unit.test_orchestrator import Tasks, drain, finish, play
@@ -131,10 +131,9 @@ def test_an_abandoned_round_no_longer_holds_the_run():
 def test_evaluation_refuses_what_it_cannot_evaluate_honestly():
     with pytest.raises(ConfigError, match="eval.task is the training task"):
         load_config(None, ["eval.task={kind: arithmetic}"])
-    # replays have no answers, environments are not evaluated yet: a config built on one that
-    # evaluates runs without evaluation
+    # replays have no answers: a config built on one that evaluates runs without evaluation
     assert load_config(None, ["eval.prompts=2", "sampling.forced_lengths={median: 4, max: 6}", "sampling.max_tokens=8"]).eval is None
-    assert load_config(None, ["eval.prompts=2", "env={name: 'a.b:C'}"]).eval is None
+    assert load_config(None, ["eval.prompts=2", "env={name: 'a.b:C'}"]).eval is not None  # environments are evaluated
 
 
 def test_a_file_source_without_shuffling_keeps_its_training_side(tmp_path):
@@ -149,3 +148,45 @@ def test_a_file_source_without_shuffling_keeps_its_training_side(tmp_path):
     assert not any(is_held_out({"prompt": p}, 0.1) for p in drawn)
     assert len(set(drawn)) == sum(not is_held_out({"prompt": f"q{i}"}, 0.1) for i in range(1024))
     assert {t["prompt"] for t in evaluation_tasks(cfg)}.isdisjoint(drawn)
+
+
+def test_environment_runs_evaluate_held_out_episodes_scored_by_the_environment():
+    """Episodes are played by hand here (scheduling logic only); a real environment is evaluated
+    in tests/integration/test_agentic.py."""
+    from flashq.evaluation import episode_seed
+    from flashq.protocol import EpisodeRequest
+    from tests.unit.test_redundancy import episode_sample
+
+    cfg = load_config(None, ["env={name: flashq.envs.guess:GuessNumberEnv}", "sampling.group_size=2", "trainer.batch_groups=1",
+                             "trainer.steps=2", "async_ratio=0", "eval.every=0", "eval.prompts=3", "eval.samples=2", "eval.k=[1, 2]"])
+    held_out = [{"id": f"e{i}", "prompt": "?"} for i in range(3)]
+    orch = Orchestrator(cfg, Tasks(), None, ["rollout-0"], ["reward-0"], eval_tasks=held_out)
+    orch.on_batch_request(1)
+    trained_seeds, eval_seeds = set(), []
+    while not orch.done:
+        orch.pump()
+        out = drain(orch)
+        assert out, "the run stalled"
+        for peer, msg in out:
+            if isinstance(msg, EpisodeRequest):
+                if is_eval(msg.request_id):
+                    eval_seeds.append(msg.seed)
+                    p, name = msg.request_id.split("/")[1:]
+                    failed = p == "2" and name == "0"  # one episode fails: lost to its round, not a 0
+                    orch.on_sample(peer, episode_sample(msg, 0, reward=float(p == "0"), finish="error" if failed else "stop"))
+                    continue
+                trained_seeds.add(msg.seed)
+                orch.on_sample(peer, episode_sample(msg, 0, reward=float(msg.request_id.endswith("/0"))))
+            elif isinstance(msg, TrainBatch):
+                orch.on_step_trained(msg.batch_index + 1)
+                orch.on_weights_served(msg.batch_index + 1)
+                orch.on_batch_request(1)
+    rounds = [rec for _, rec in orch.eval_records]
+    assert [r["version"] for r in rounds] == [0.0, 2.0]  # the start and the end (every=0)
+    for rec in rounds:
+        assert rec["greedy_accuracy"] == pytest.approx(1 / 3) and rec["requests_lost"] == 1.0
+        assert rec["mean_reward"] == pytest.approx(2 / 5) and rec["pass@1"] == pytest.approx((1 + 0 + 0) / 3)
+        assert rec["pass@2"] == pytest.approx((1 + 0) / 2)  # over the prompts with two samples left
+    assert set(eval_seeds) == {episode_seed(cfg.task.seed, p) for p in range(3)} and not set(eval_seeds) & trained_seeds
+    books = orch.ledger
+    assert books.eval_rewards_received == 2 * (3 * 3 - 1) and books.rewards_received == 2 * 2  # eval never trained
