@@ -6,7 +6,8 @@ function, 8 samples a prompt, 16 prompts a step, AdamW at a constant lr 1e-4 wit
 clipping 1.0, the job's max_tokens at T = 1 over the whole vocabulary, no KL, group-normalised
 advantages and a token-mean clipped objective. TRL generates with transformers on this CPU (its
 vLLM paths need vLLM <= 0.31) in one process on both cores; flashq runs its quickstart placement
-(engine on core 0; trainer, coordinator and reward on core 1). Wall time is each system's whole RL
+(every role on either core, as the OS schedules; until 8432075 the engine was pinned to core 0
+and the other roles to core 1). Wall time is each system's whole RL
 command, start-up included (the SFT is shared and not counted).
 
 - Job A, the quickstart job: integer sums, exact match, 6 new tokens, 1500 steps.
@@ -281,7 +282,7 @@ def main() -> None:
                 "lr 1e-4 constant, grad clip 1.0, T = 1, no KL, group-normalised advantages, token-mean clipped loss",
         "trl": "GRPOConfig(loss_type=dapo, scale_rewards=group, beta=0, top_k=0, lr_scheduler_type=constant, use_cpu), "
                "2 torch threads, transformers generate",
-        "flashq": "async_ratio 2, ppo + tis_token, token_mean; engine on core 0, trainer/coordinator/reward on core 1; "
+        "flashq": "async_ratio 2, ppo + tis_token, token_mean; every role on either core (the quickstart's placement); "
                   "SFT warm start replaced by the shared checkpoint",
         "job_b": "task.kind=file (20,000 tasks from bench/repeat_task.py), sampling.max_tokens=96, "
                  "reward.function=bench.repeat_task:repeat_reward, sft.steps=60",
