@@ -252,8 +252,9 @@ class Launcher:
             self.say(f"ray: {self.ray.describe()}")
         dump_config(self.cfg, config_file)
         resolve_model(self.cfg)  # build the tiny model once, before the roles race to it
-        self.roles = [r for r in role_specs(self.cfg, config_file) if r.name not in self.external]
-        for r in role_specs(self.cfg, config_file):
+        specs = role_specs(self.cfg, config_file)
+        self.roles = [r for r in specs if r.name not in self.external]
+        for r in specs:
             if r.name in self.external:
                 self.say(f"start {r.name} yourself: {' '.join(r.cmd)}")
         loop = asyncio.get_running_loop()

@@ -40,6 +40,11 @@ from flashq.staleness import Admission, StalenessGate
 log = logging.getLogger("flashq.orchestrator")
 
 
+def episode_failed(sample: Sample) -> bool:
+    """An episode that raised, was cut off, or ended without the environment's reward."""
+    return sample.finish_reason in ("error", "abort") or sample.env_reward is None
+
+
 class Orchestrator:
     def __init__(
         self,
@@ -139,8 +144,7 @@ class Orchestrator:
             self.request_sent_at.pop(sample.request_id, None)
             score, prompt_done = self.evaluator.on_sample(sample)
             if prompt_done:
-                self.lengths.close_group(sample.group_id)
-                self.gen_queue.forget(sample.group_id)
+                self._generation_done(sample.group_id)
             self.score_queue.submit(score)
             return
         group = self.buffer.add_sample(sample)
@@ -152,8 +156,7 @@ class Orchestrator:
             "tokens": len(sample.token_ids),
         })
         if group.generated:
-            self.lengths.close_group(sample.group_id)
-            self.gen_queue.forget(sample.group_id)
+            self._generation_done(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
 
     def _on_failed_request(self, worker: str, request: GenerateRequest, reason: str) -> None:
@@ -183,18 +186,15 @@ class Orchestrator:
             self.ledger.eval_requests_quarantined += 1
             record, prompt_done = self.evaluator.on_lost(rid)
             if prompt_done:
-                self.lengths.close_group(gid)
-                self.gen_queue.forget(gid)
-            if record is not None:
-                self.eval_records.append((int(record["version"]), record))
+                self._generation_done(gid)
+            self._file_eval(record)
             return
         self.ledger.requests_quarantined += 1
         group = self.buffer.groups[gid]
         group.fail("poison request", f"poison request {rid}: {strikes[-1]}")
         group.quarantined.add(rid)
         if group.generated:
-            self.lengths.close_group(gid)
-            self.gen_queue.forget(gid)
+            self._generation_done(gid)
         if group.complete:
             self._on_group_complete(group)
 
@@ -204,7 +204,7 @@ class Orchestrator:
         rid, gid = sample.request_id, sample.group_id
         self.ledger.eval_samples_received += 1
         self.request_sent_at.pop(rid, None)
-        if sample.finish_reason in ("error", "abort") or sample.env_reward is None:
+        if episode_failed(sample):
             log.warning("evaluation episode %s failed: %s", rid, sample.error or sample.finish_reason)
             record, prompt_done = self.evaluator.on_lost(rid)
         else:
@@ -212,7 +212,17 @@ class Orchestrator:
             self.ledger.eval_rewards_received += 1
             record = self.evaluator.on_reward(RewardResult(rid, float(sample.env_reward)))
         if prompt_done:
-            self.gen_queue.forget(gid)
+            self._generation_done(gid)
+        self._file_eval(record)
+
+    def _generation_done(self, group_id: str) -> None:
+        """A group (or an evaluation prompt) needs no more generation: its lengths become
+        history, and the queue forgets its worker affinity."""
+        self.lengths.close_group(group_id)
+        self.gen_queue.forget(group_id)
+
+    def _file_eval(self, record: dict | None) -> None:
+        """An evaluation round's record, once it is finished, for the coordinator to log."""
         if record is not None:
             self.eval_records.append((int(record["version"]), record))
 
@@ -243,7 +253,7 @@ class Orchestrator:
         gid, rid = sample.group_id, sample.request_id
         cancelled = rid in self.cancelled
         self.cancelled.discard(rid)
-        failed = not cancelled and (sample.finish_reason in ("error", "abort") or sample.env_reward is None)
+        failed = not cancelled and episode_failed(sample)
         verdict = self.episodes.on_result(gid, rid, failed)
         if verdict == "failed":
             self.ledger.episodes_failed += 1
@@ -299,9 +309,7 @@ class Orchestrator:
         self.score_queue.done(worker)
         if is_eval(result.request_id):
             self.ledger.eval_rewards_received += 1
-            record = self.evaluator.on_reward(result)
-            if record is not None:
-                self.eval_records.append((int(record["version"]), record))
+            self._file_eval(self.evaluator.on_reward(result))
             return
         if result.error:
             self.ledger.reward_errors += 1

@@ -118,7 +118,7 @@ class Hub:
         """Queue `msg` for `peer` without waiting: a peer whose queue is full (it has stopped
         reading, with `hwm` messages waiting) is lost, since waiting for it would stop the
         coordinator talking to everyone else, and a peer that waits to send to the coordinator
-        in turn would never be read again (found by bench/rogue.py)."""
+        in turn would never be read again."""
         frames = self.codec.encoder.encode(msg)
         try:
             await self.sock.send_multipart([peer.encode(), *frames], copy=False, flags=zmq.DONTWAIT)
