@@ -54,13 +54,15 @@ def watch_rss(root_pid: int, peaks: dict[str, float], stop: threading.Event) -> 
         stop.wait(0.5)
 
 
-def run_loop(model: Path, run_dir: Path, steps: int) -> dict:
+def run_loop(model: Path, run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> dict:
+    """`extra`: overrides after the loop's own (bench/lora.py adds trainer.lora)."""
     overrides = [
         f"model.name={model}", "model.dtype=bfloat16", "trainer.param_dtype=float32", "trainer.compute_dtype=bfloat16",
         f"trainer.steps={steps}", "trainer.batch_groups=2", "sampling.group_size=4", "sampling.max_tokens=16",
         "trainer.lr=1e-6", "trainer.threads=1", "async_ratio=1", "rollout.num_workers=1", "rollout.kv_cache_gib=1",
         "rollout.max_model_len=256", "reward.function=bench.scale_loop:digit_share", "sft.warm_start=false",
         "placement.rollout=[0]", "placement.trainer=[1]", "transport.startup_timeout_s=900", f"log.run_dir={run_dir}",
+        *extra,
     ]
     cmd = [sys.executable, "-m", "flashq.cli", "launch", "configs/quickstart.yaml", "--no-progress", *overrides]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -85,6 +87,7 @@ def run_loop(model: Path, run_dir: Path, steps: int) -> dict:
         "step_interval_s": [b - a for a, b in zip(times, times[1:])],
         "train_s": [r["train/seconds"] for r in steps_rows],
         "weight_sync_s": [r["trainer/weight_sync_s"] for r in steps_rows],
+        "push_bytes": [r.get("trainer/push_bytes") for r in steps_rows],
         "grad_norm": [r["grad_norm"] for r in steps_rows],
         "reward_mean": [r["reward/mean"] for r in steps_rows],
         "peak_rss_gib": {k: round(v, 2) for k, v in sorted(peaks.items())},

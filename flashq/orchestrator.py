@@ -97,7 +97,9 @@ class Orchestrator:
         self.score_sent: dict[str, ScoreRequest] = {}  # in flight on a reward worker
         self.batch_groups: dict[int, list[Group]] = {}  # sent to the trainer, not yet confirmed
         self.outbox: list[tuple[str, Message]] = []
-        self.generation_paused = False  # after a resume: until the engines serve the restored weights
+        # until the engines serve the trainer's weights: after a resume, and with LoRA (engines
+        # start from the base; the trainer's first push brings them its adapter)
+        self.generation_paused = cfg.trainer.lora is not None
         self.dropped_in_row = 0  # complete groups dropped since one was kept
         self.score_retries: dict[str, int] = {}  # request id -> failed scores so far (reward.on_error drop)
         self.request_failures: dict[str, list[str]] = {}  # request id -> why each failed attempt failed

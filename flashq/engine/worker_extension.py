@@ -12,6 +12,12 @@ class FlashqWorkerExtension:
         self.update_weights(update_info)
         self.finish_weight_update()
 
+    def flashq_push_adapter(self, update_info: dict, peft_config: dict) -> None:
+        """A LoRA push: receive the adapter's tensors and serve them in place of the last ones."""
+        from flashq.engine import adapter
+
+        adapter.install(self, adapter.receive(self, update_info), peft_config)
+
     def flashq_abandon_weight_update(self) -> None:
         """Forget a weight update whose push broke off (a rollout worker died mid-way), so the
         next one can start. Layers it had not reloaded stay staged and the next push reloads

@@ -87,9 +87,11 @@ class TrainerRole:
         loop = self.loop
         self.pusher = await self._open_pusher(learner, start.inference_world_size)
         log.info("weight transfer group ready (%s)", self.pusher.backend)
-        if learner.version > 0:  # resumed: the engines start from the base model; give them ours
+        if learner.version > 0 or self.cfg.trainer.lora is not None:
+            # resumed: the engines start from the base model; give them ours. With LoRA they
+            # start without the adapter, which they must serve from the first token
             sync_s = await self._push(learner, learner.version)
-            log.info("engines now serve the checkpoint's weights (version %d, %.2fs)", learner.version, sync_s)
+            log.info("engines now serve the trainer's weights (version %d, %.2fs)", learner.version, sync_s)
         await self.link.send(BatchRequest(credits=2))  # one batch in hand, one being assembled
         sync_s = 0.0
         for step in range(learner.version, self.cfg.trainer.steps):
@@ -205,7 +207,8 @@ class TrainerRole:
         ws = self.cfg.weight_sync
         return await self.loop.run_in_executor(
             self._pushing_thread(learner),
-            lambda: WeightPusher(ws, learner.model, self._rpc, inference_world_size, self.port, learner.device, wire_dtype=engine_dtype(self.cfg)),
+            lambda: WeightPusher(ws, learner.model, self._rpc, inference_world_size, self.port, learner.device,
+                                 wire_dtype=engine_dtype(self.cfg), adapter=self.cfg.trainer.lora is not None),
         )
 
     async def _rebuild(self, learner) -> None:

@@ -112,14 +112,18 @@ class Learner:
         # float32 masters and optimizer state; the forward and backward run in compute_dtype
         # (FSDP2's mixed-precision policy when sharded, autocast on one device)
         self.param_dtype, self.compute_dtype = DTYPES[tc.param_dtype], DTYPES[tc.compute_dtype]
-        self.model = self._policy_model(model_path)
+        if tc.lora is not None:
+            self.model = self._lora_model(model_path, reference_path)
+        else:
+            self.model = self._policy_model(model_path)
         self.model.train()
         if tc.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = None
-        if tc.loss.kl_coef > 0:
+        if tc.loss.kl_coef > 0 and tc.lora is None:  # with LoRA the reference is the base: the adapter switched off
             self.reference = self._policy_model(reference_path or model_path).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=tc.lr, weight_decay=tc.weight_decay)
         self.version = 0
         self.nonfinite_in_row = 0  # batches skipped for a non-finite gradient since one was applied
         self.temperature = cfg.sampling.temperature or 1.0
@@ -147,6 +151,26 @@ class Learner:
         model = load_causal_lm(path, self.param_dtype, self.device)
         prepare(model)
         return model
+
+    def _lora_model(self, model_path, reference_path):
+        """The base frozen in the compute dtype (no float32 masters: it never changes) under
+        adapters in the masters' dtype. A resumed run (`model_path` a checkpoint, not the base)
+        reads its adapter from the checkpoint and the base from `reference_path`."""
+        from flashq.trainer import lora
+
+        resumed = reference_path is not None and Path(model_path) != Path(reference_path)
+        base = load_causal_lm(reference_path if resumed else model_path, self.compute_dtype, self.device)
+        install_logprob_head(base, self.cfg.trainer.logprob_chunk_tokens)
+        adapter_dir = Path(model_path) / lora.ADAPTER_DIR if resumed else None
+        return lora.wrap(base, self.cfg.trainer.lora, self.param_dtype, adapter_dir)
+
+    def _reference_logprobs(self, micro: MicroBatch) -> torch.Tensor | None:
+        if self.reference is not None:
+            return self.logprobs(self.reference, micro)[0]
+        if self.cfg.trainer.lora is not None and self.cfg.trainer.loss.kl_coef > 0:
+            with self.model.disable_adapter():
+                return self.logprobs(self.model, micro)[0]
+        return None
 
     def _autocast(self):
         """Autocast on one device when computing below the masters' precision; FSDP2's policy
@@ -239,8 +263,7 @@ class Learner:
             for micro in (m for mb in plan for m in mb):
                 if tc.minibatches > 1:  # later minibatches must see the policy as it was before the update
                     micro.prox = self.logprobs(self.model, micro)[0]
-                if self.reference is not None:
-                    micro.ref = self.logprobs(self.reference, micro)[0]
+                micro.ref = self._reference_logprobs(micro)
 
         totals: dict[str, float] = {}
         losses, grad_norms = [], []
@@ -335,13 +358,19 @@ class Learner:
     def save(self, directory: Path, tokenizer_source: Path | str) -> None:
         """The weights as a Hugging Face model (loadable by vLLM and transformers; the float32
         masters), the optimizer state through torch.distributed.checkpoint (each rank writes its
-        shard; loadable at any world size), and the policy version and RNG state."""
+        shard; loadable at any world size), and the policy version and RNG state. With LoRA: the
+        adapter (trainer/adapter) and, by `lora.save_merged`, the merged model in its place."""
         from transformers import AutoTokenizer
 
         model_state = parallel.full_model_state(self.model, self.ranks)
         if self.ranks.is_leader:  # the full weights were gathered to rank 0, which exports them
             directory.mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(directory, state_dict=model_state)
+            if self.cfg.trainer.lora is not None:
+                from flashq.trainer import lora
+
+                lora.save(self.model, directory, merged=self.cfg.trainer.lora.save_merged)
+            else:
+                self.model.save_pretrained(directory, state_dict=model_state)
             AutoTokenizer.from_pretrained(str(tokenizer_source)).save_pretrained(directory)
         parallel.save_optimizer(self.model, self.optimizer, directory / "optimizer")
         if self.ranks.is_leader:  # written last: checkpoint.py takes its presence as "complete"
