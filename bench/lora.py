@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RESULTS, print_table, write_result  # noqa: E402
+from bench.common import RESULTS, command_line, git_commit, print_table, write_result  # noqa: E402
 
 LORA_SCALE = ("trainer.lora.rank=16", "trainer.lora.alpha=32")
 LORA_REWARD = ("trainer.lora.rank=16", "trainer.lr=1e-3")
@@ -107,7 +107,8 @@ def main() -> None:
     results, figures = dict(old.get("results") or {}), dict(old.get("figures") or {})
     for part in args.parts:
         out = scale(args.steps) if part == "scale" else reward()
-        results[part] = out["rows"]
+        results[part] = {"command": command_line(), "git_commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         "rows": out["rows"]}
         figures.update(out["figures"])
     for name, bound in BOUNDS.items():
         if name in figures:
