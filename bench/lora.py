@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import RESULTS, command_line, git_commit, print_table, write_result  # noqa: E402
 
 LORA_SCALE = ("trainer.lora.rank=16", "trainer.lora.alpha=32")
+SCALE_BOTH = ("eval=null",)  # the loop's evaluation rounds measure neither pushes nor the trainer's memory
 LORA_REWARD = ("trainer.lora.rank=16", "trainer.lr=1e-3")
 BOUNDS = {"adapter_push_bytes_vs_full": 0.05, "lora_reward_gain": 0.2, "lora_wall_minutes": 15.0, "trainer_peak_memory_vs_full": 0.5}
 
@@ -45,7 +46,7 @@ def scale(steps: int) -> dict:
 
     model = ensure_real_size_model(RealSizeSpec(preset="qwen2.5-0.5b"), ROOT / ".cache" / "flashq")
     rows = {}
-    for mode, extra in (("full", ()), ("lora", LORA_SCALE)):
+    for mode, extra in (("full", SCALE_BOTH), ("lora", (*SCALE_BOTH, *LORA_SCALE))):
         run_dir = Path(tempfile.mkdtemp(prefix=f"flashq-lora-scale-{mode}-"))
         try:
             loop = run_loop(model, run_dir, steps, extra)
@@ -107,6 +108,9 @@ def main() -> None:
     results, figures = dict(old.get("results") or {}), dict(old.get("figures") or {})
     for part in args.parts:
         out = scale(args.steps) if part == "scale" else reward()
+        before = {k: figures[k] for k in out["figures"] if k in figures}
+        if before:  # a re-run keeps what the last one measured beside it
+            figures.setdefault("earlier", []).append({**before, **{k: (results.get(part) or {}).get(k) for k in ("command", "git_commit", "date")}})
         results[part] = {"command": command_line(), "git_commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "rows": out["rows"]}
         figures.update(out["figures"])

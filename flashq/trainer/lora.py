@@ -69,20 +69,54 @@ def adapter_parameters(peft_model) -> list[tuple[str, torch.nn.Parameter]]:
     return out
 
 
-def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
-    """The base model's state dict with each adapted weight replaced by W + (alpha / r) B A, in
-    float32 (in a bfloat16 base the adapter's small updates would round away). Untouched tensors
-    are the base's own, so tied weights stay one tensor."""
+def merged_tensors(peft_model):
+    """(name, tensor) of the base model's state dict with each adapted weight replaced by
+    W + (alpha / r) B A in float32 (in a bfloat16 base the adapter's small updates would round
+    away), one at a time; a tied output projection is left out, as Hugging Face checkpoints do."""
     base = peft_model.get_base_model()
-    deltas = {f"{name.removeprefix('base_model.model.')}.weight": m.get_delta_weight("default").detach()
-              for name, m in _lora_layers(peft_model)}
-    out = {}
+    layers = {f"{name.removeprefix('base_model.model.')}.weight": m for name, m in _lora_layers(peft_model)}
+    tied = getattr(base.config, "tie_word_embeddings", False)
     for name, tensor in base.state_dict().items():
         if ".lora_" in name:
             continue
         name = name.replace(".base_layer.", ".")
-        out[name] = tensor.float() + deltas[name].float() if name in deltas else tensor
-    return out
+        if tied and name == "lm_head.weight":
+            continue
+        if name in layers:
+            with torch.no_grad():
+                tensor = tensor.float() + layers[name].get_delta_weight("default").float()
+        yield name, tensor.detach().cpu().contiguous()
+
+
+def save_merged(peft_model, directory: Path, shard_bytes: int = 512 << 20) -> None:
+    """The merged model as a sharded Hugging Face checkpoint, written shard by shard, so the
+    export holds one shard beyond the model in memory, not a merged copy of all of it."""
+    from safetensors.torch import save_file
+
+    base = peft_model.get_base_model()
+    directory.mkdir(parents=True, exist_ok=True)
+    base.config.save_pretrained(directory)
+    if base.generation_config is not None:
+        base.generation_config.save_pretrained(directory)
+    weight_map, shard, size, total, files = {}, {}, 0, 0, 0
+
+    def flush():
+        nonlocal shard, size, files
+        if shard:
+            files += 1
+            filename = f"model-{files:05d}.safetensors"
+            save_file(shard, str(directory / filename), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, filename))
+            shard, size = {}, 0
+
+    for name, tensor in merged_tensors(peft_model):
+        nbytes = tensor.numel() * tensor.element_size()
+        if shard and size + nbytes > shard_bytes:
+            flush()
+        shard[name], size, total = tensor, size + nbytes, total + nbytes
+    flush()
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def save(peft_model, directory: Path, merged: bool) -> None:
@@ -90,4 +124,4 @@ def save(peft_model, directory: Path, merged: bool) -> None:
     plain Hugging Face checkpoint in `directory` itself."""
     peft_model.save_pretrained(str(directory / ADAPTER_DIR))
     if merged:
-        peft_model.get_base_model().save_pretrained(directory, state_dict=merged_state_dict(peft_model))
+        save_merged(peft_model, directory)

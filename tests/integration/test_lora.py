@@ -96,4 +96,4 @@ def test_a_lora_run_resumes_after_a_trainer_kill_with_every_sample_trained_once(
     steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
     assert steps == list(range(1, 61))
     final = tmp_path / "checkpoints" / "step-000060" / "trainer"
-    assert (final / "adapter" / "adapter_model.safetensors").exists() and (final / "model.safetensors").exists()
+    assert (final / "adapter" / "adapter_model.safetensors").exists() and (final / "model.safetensors.index.json").exists()

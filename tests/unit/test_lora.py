@@ -102,3 +102,14 @@ def test_engine_rank_is_the_smallest_vllm_accepts():
     assert load_config(None, ["trainer.lora.rank=4"]).trainer.lora.engine_rank == 8
     assert load_config(None, ["trainer.lora.rank=16"]).trainer.lora.engine_rank == 16
     assert np.all([load_config(None, [f"trainer.lora.rank={r}"]).trainer.lora.engine_rank >= r for r in (1, 9, 300)])
+
+
+def test_the_merged_export_is_written_shard_by_shard_and_loads_as_the_policy(learner, tmp_path):
+    learner.train_step(make_batch(learner, [1, 0, 0, 1]))
+    lora.save_merged(learner.model, tmp_path, shard_bytes=64 << 10)
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 3
+    merged = load_causal_lm(tmp_path, torch.float32, torch.device("cpu"))
+    install_logprob_head(merged, 1024)
+    ids = torch.tensor([[2, 121, 119, 14, 53, 47, 54, 65, 70, 71, 72]])
+    torch.testing.assert_close(_logprobs(merged, ids), _logprobs(learner.model, ids), atol=1e-5, rtol=0)
+    assert merged.get_output_embeddings().weight is merged.get_input_embeddings().weight  # still tied
