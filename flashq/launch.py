@@ -179,10 +179,11 @@ class Launcher:
         if self.cfg.env is not None:  # a wrong env name fails here, not in every rollout worker
             from flashq.envs.base import load_env_class
 
+            field = "agent" if self.cfg.env.agent is not None else "name"
             try:
-                load_env_class(self.cfg.env.name)
+                load_env_class(getattr(self.cfg.env, field))
             except ValueError as e:
-                raise ConfigError(f"env.name: {e}") from None
+                raise ConfigError(f"env.{field}: {e}") from None
         return asyncio.run(self._main())
 
     async def _main(self) -> int:

@@ -75,9 +75,13 @@ def env_demonstrations(cfg: FlashqConfig):
     """example(k) -> a demonstration conversation of the configured environment."""
     from flashq.envs.base import load_env_class
 
-    env = load_env_class(cfg.env.name)(**cfg.env.kwargs)
+    source = cfg.env.demonstrations or cfg.env.name
+    if source is None:
+        raise ValueError("env.agent: an agent has no demonstrations of its own; set env.demonstrations to an environment class "
+                         "of the same task, or sft.warm_start false")
+    env = load_env_class(source)(**cfg.env.kwargs)
     if not hasattr(env, "demonstration"):
-        raise ValueError(f"{cfg.env.name} has no demonstration(task, seed) method, so `flashq sft` cannot warm-start on it")
+        raise ValueError(f"{source} has no demonstration(task, seed) method, so `flashq sft` cannot warm-start on it")
     seed0 = (cfg.task.seed + 1_000_003 + cfg.sft.seed) * 1_000_003
     return lambda k: env.demonstration({}, (seed0 + k) % 2**31)
 

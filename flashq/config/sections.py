@@ -115,7 +115,11 @@ class ForcedLengths(Section):
 class EnvConfig(Section):
     """A multi-turn environment (flashq.envs.base): each sample is an episode played against it."""
 
-    name: str = Field(description='"package.module:Class" or a `flashq.envs` entry point, e.g. flashq.envs.guess:GuessNumberEnv.')
+    name: str | None = Field(None, description='"package.module:Class" or a `flashq.envs` entry point, e.g. flashq.envs.guess:GuessNumberEnv.')
+    agent: str | None = Field(
+        None, description='Instead of an environment class: "package.module:function", an agent written against the OpenAI '
+        "client (flashq.agents.player); each episode gets an OpenAI-compatible endpoint of its own."
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the class.")
     max_turns: int = Field(8, ge=1, description="Assistant turns per episode; more is truncation.")
     redundancy: int = Field(0, ge=0, description="Extra episodes per group; the first group_size to finish are kept, the rest cancelled.")
@@ -127,6 +131,25 @@ class EnvConfig(Section):
     on_weight_update: Literal["continue", "regenerate"] = Field(
         "continue", description="A turn sampled across a weight update: keep it (tokens tagged by version) or sample it again."
     )
+    agent_timeout_s: float = Field(600.0, gt=0, description="Agents: longest one episode may take; longer fails it.")
+    tool_parser: str | None = Field("hermes", description="Agents: vLLM's tool-call parser for completions when a call sends tools.")
+    on_rewrite: Literal["split", "fail"] = Field(
+        "fail", description="Agents: a call whose messages do not extend the conversation sampled so far (a summarised or edited "
+        "history) fails the episode, naming the message ('split': train the parts apart; not built yet)."
+    )
+    served_model_name: str = Field("flashq-policy", description="Agents: the model name the endpoint serves; others get a 404.")
+    demonstrations: str | None = Field(
+        None, description='Agents: an environment class ("package.module:Class") whose demonstration(task, seed) warm-starts '
+        "SFT on the same task (an agent has no demonstrations of its own)."
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EnvConfig:
+        if (self.name is None) == (self.agent is None):
+            raise ValueError("env needs exactly one of name (an environment class) and agent (an OpenAI-client function)")
+        if self.on_rewrite == "split":
+            raise ValueError("env.on_rewrite split (training a rewritten episode's parts as separate samples) is not built yet; use fail")
+        return self
 
 
 class SamplingConfig(Section):
@@ -432,6 +455,10 @@ class LogConfig(Section):
     progress_every: int = Field(0, ge=0, description="Log a progress line every N steps; 0: about 40 lines per run.")
     level: Literal["DEBUG", "INFO", "WARNING"] = "INFO"
     request_trace: bool = Field(False, description="Write requests.jsonl: when each response was sent and finished.")
+    token_audit: bool = Field(
+        False, description="Record every token id an engine sampled for an agent (sampled-<worker>.jsonl) and every id the "
+        "trainer trained (in trained.jsonl), to check that nothing sampled changed on its way (bench/openai_agent.py)."
+    )
     vllm_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("WARNING", description="vLLM's own log level.")
     trackers: list[Literal["wandb", "trackio"]] = Field(
         [], description="Experiment trackers beside TensorBoard, same metric names (optional extras: pip install 'flashq[wandb]' "

@@ -152,7 +152,8 @@ class RolloutEngine:
             seed=req.seed,
             logprobs=0,  # the sampled token's logprob only
             flat_logprobs=True,  # plain float lists instead of a dict per position
-            detokenize=False,  # rollout needs ids; the reward worker decodes
+            stop=req.stop or None,
+            detokenize=bool(req.stop),  # rollout needs ids (the reward worker decodes); stop strings need text
             skip_clone=True,  # made for this request alone: vLLM's per-request deepcopy only costs time
             output_kind=RequestOutputKind.FINAL_ONLY,
         )

@@ -77,7 +77,12 @@ class RolloutWorker:
         await engine.start()
         self.engine = engine
         self.players = None
-        if self.cfg.env is not None:
+        if self.cfg.env is not None and self.cfg.env.agent is not None:
+            from flashq.agents.player import AgentPlayer
+
+            self.players = AgentPlayer(self.cfg, model_path, engine)
+            await self.players.start()
+        elif self.cfg.env is not None:
             from flashq.roles.episodes import EpisodePlayer
 
             self.players = EpisodePlayer(self.cfg, model_path, engine)
@@ -87,6 +92,8 @@ class RolloutWorker:
             log.info("%s ready (%s engine, %d rank(s))", self.role, device, engine.engine_ranks)
             await serve_until_done(self._serve, heartbeat(self.link, self.cfg), self._report_stats())
         finally:
+            if hasattr(self.players, "stop"):
+                await self.players.stop()
             await engine.shutdown()
 
     async def _serve(self, tg: asyncio.TaskGroup) -> None:

@@ -112,7 +112,8 @@ class TrainerRole:
                 sync_s = await self._settle_push()
             metrics.update({f"trainer/push_{k}": v for k, v in self.pusher.phases().items()})  # the last finished push's
             metrics.update({"trainer/wait_s": wait_s, "trainer/weight_sync_s": sync_s, "trainer/push_wait_s": self.push_wait_s})
-            record.write(json.dumps(trained_record(batch, learner.version, skipped=bool(metrics["train/skipped_nonfinite"]))) + "\n")
+            record.write(json.dumps(trained_record(batch, learner.version, skipped=bool(metrics["train/skipped_nonfinite"]),
+                                                  tokens=self.cfg.log.token_audit)) + "\n")
             if self._checkpoint_due(learner.version):
                 t0 = time.monotonic()
                 await loop.run_in_executor(self.pool, self._lead, learner, "save", learner.version)
@@ -312,16 +313,21 @@ def open_trained_record(path: Path, version: int):
     return path.open("a", buffering=1)
 
 
-def trained_record(batch: TrainBatch, version_after: int, skipped: bool = False) -> dict:
+def trained_record(batch: TrainBatch, version_after: int, skipped: bool = False, tokens: bool = False) -> dict:
     """What the trainer trained at version `version_after - 1`: request ids and their token
     version range, for auditing staleness and exactly-once afterwards. A batch skipped for a
-    non-finite gradient is recorded with the reason (its samples were consumed, not learned)."""
+    non-finite gradient is recorded with the reason (its samples were consumed, not learned).
+    `tokens` (log.token_audit): each request's trained token ids too (loss mask 1)."""
     versions = np.asarray(batch.versions)
     offsets = batch.response_offsets
     per_request = []
     for i, rid in enumerate(batch.request_ids):
         v = versions[offsets[i] : offsets[i + 1]]
         per_request.append([rid, int(v.min()) if len(v) else -1, int(v.max()) if len(v) else -1, int(len(v))])
+        if tokens:
+            ids = np.asarray(batch.response_ids[offsets[i] : offsets[i + 1]])
+            mask = batch.loss_mask[offsets[i] : offsets[i + 1]] if len(batch.loss_mask) else np.ones(len(ids), np.uint8)
+            per_request[-1].append(ids[mask == 1].tolist())
     record = {"trainer_version": version_after - 1, "batch_index": batch.batch_index, "requests": per_request}
     if skipped:
         record["skipped"] = "non-finite gradient norm"

@@ -40,6 +40,6 @@ def trained_requests(run_dir: Path) -> list[tuple[int, str, int, int]]:
     """(trainer_version, request_id, min token version, max token version) for every trained sample."""
     out = []
     for rec in read_jsonl(run_dir / "trained.jsonl"):
-        for rid, vmin, vmax, _n in rec["requests"]:
+        for rid, vmin, vmax, *_ in rec["requests"]:
             out.append((rec["trainer_version"], rid, vmin, vmax))
     return out
