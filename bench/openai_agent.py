@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.agentic import throughput  # noqa: E402
 from bench.common import print_table, write_result  # noqa: E402
+from flashq.agents.audit import audit_tokens  # noqa: E402
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 SYSTEMS = {"native": "configs/agentic_calculator.yaml", "agent": "configs/agent_calculator.yaml"}
@@ -52,24 +52,6 @@ def run(config: str, run_dir: Path, sft: Path, steps: int) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     return {**throughput(run_dir, ledger), "reward_start": summary["reward_start"], "reward_final": summary["reward_final"],
             "reward_gain": summary["reward_gain"], "wall_minutes": summary["wall_minutes"]}
-
-
-def audit_tokens(run_dir: Path) -> dict:
-    """Every trained agent episode's trained ids against the ids its engine sampled."""
-    sampled: dict[str, list[tuple[tuple[int, int], list[int]]]] = defaultdict(list)
-    for path in run_dir.glob("sampled-*.jsonl"):
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            episode, call = rec["request_id"].split("@")
-            sampled[episode].append((tuple(int(x) for x in call.split(".")), rec["ids"]))
-    checked = differing = episodes = 0
-    for line in (run_dir / "trained.jsonl").read_text().splitlines():
-        for rid, _vmin, _vmax, _n, trained in json.loads(line)["requests"]:
-            engine = [t for _, ids in sorted(sampled.get(rid, [])) for t in ids]
-            episodes += 1
-            checked += max(len(engine), len(trained))
-            differing += sum(a != b for a, b in zip(engine, trained)) + abs(len(engine) - len(trained))
-    return {"episodes_checked": episodes, "tokens_checked": checked, "retokenized_tokens": differing}
 
 
 def main() -> None:

@@ -1,13 +1,12 @@
-"""Agents over the OpenAI API with real parts: a vLLM engine behind the endpoint and the real
-`openai` client; and a whole run of the calculator agent with every role its own process."""
+"""Agents over the OpenAI API with real parts: a whole run, every role its own process, vLLM
+engines behind each rollout worker's endpoint and the real `openai` client in the agent."""
 
-import asyncio
+import os
+import subprocess
 
-import numpy as np
 import pytest
 
-from flashq.config import load_config
-from flashq.protocol import EpisodeRequest
+from flashq.agents.audit import audit_tokens
 from tests.integration.helpers import ROOT, launch_cmd, read_jsonl, trained_requests
 from tests.integration.test_faults import audit
 
@@ -23,54 +22,21 @@ async def chatty(task, client):
     return 0.25
 
 
-def test_every_sampled_token_is_trained_as_the_engine_sampled_it(tiny_model):
-    from flashq.agents.player import AgentPlayer
-    from flashq.engine.vllm_engine import RolloutEngine
-
-    cfg = load_config("configs/agent_calculator.yaml", [f"model.name={tiny_model}", "env.agent=tests.integration.test_agents:chatty"])
-    sampled = []
-
-    async def main():
-        engine = RolloutEngine(cfg, tiny_model, 0, "cpu")
-        await engine.start()
-        generate = engine.generate
-
-        async def recording(req):
-            out = await generate(req)
-            sampled.append((req.prompt_ids.tolist(), out.token_ids.tolist()))
-            return out
-
-        engine.generate = recording
-        player = AgentPlayer(cfg, tiny_model, engine)
-        await player.start()
-        try:
-            return await asyncio.gather(*(player.play(EpisodeRequest(f"g{k}/0", f"g{k}", {}, k, 12), 0) for k in range(4)))
-        finally:
-            await player.stop()
-            await engine.shutdown()
-
-    samples = asyncio.run(main())
-    assert all(s.finish_reason in ("stop", "length") and s.env_reward == 0.25 and s.turns == 3 for s in samples), samples
-    assert len(sampled) == 12
-    for s in samples:
-        full = np.concatenate([s.prompt_ids, s.token_ids]).tolist()
-        mine = [(ctx, ids) for ctx, ids in sampled if full[: len(ctx) + len(ids)] == ctx + ids]
-        assert len(mine) == 3  # each of its calls sampled from the trajectory so far and is in it as sampled
-        assert s.token_ids[s.loss_mask == 1].tolist() == [t for _, ids in sorted(mine, key=lambda m: len(m[0])) for t in ids]
-
-
-def test_a_calculator_agent_run_keeps_exact_books(tmp_path):
-    """Every role its own process, the agent's episodes through each rollout worker's endpoint,
-    redundant episodes cancelled: nothing lost or trained twice, staleness bounded."""
-    import os
-    import subprocess
-
-    cmd = launch_cmd(tmp_path, ["sft.warm_start=false", "trainer.steps=6", "env.redundancy=1", "sampling.max_tokens=24"],
+def test_an_agent_run_trains_every_sampled_token_as_sampled_and_keeps_exact_books(tmp_path):
+    """Every role its own process, a three-call agent through each rollout worker's endpoint
+    (stop strings, a system message, continuations), redundant episodes cancelled: every token
+    an engine sampled for a trained episode is trained as that id, nothing is lost or trained
+    twice, staleness stays bounded."""
+    cmd = launch_cmd(tmp_path, ["sft.warm_start=false", "trainer.steps=6", "env.redundancy=1", "sampling.max_tokens=24",
+                                "env.agent=tests.integration.test_agents:chatty", "log.token_audit=true"],
                      config="configs/agent_calculator.yaml")
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ledger = audit(tmp_path, group_size=4)
     assert ledger["trained_steps"] == 6 and ledger["finished"]
+    tokens = audit_tokens(tmp_path)
+    assert tokens["episodes_checked"] == 6 * 4 * 4 and tokens["tokens_checked"] > 6 * 4 * 4 * 3
+    assert tokens["retokenized_tokens"] == 0
     trained = trained_requests(tmp_path)
     assert all(version - vmin <= 2 and vmax <= version for version, _, vmin, vmax in trained)
     assert len([r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]) == 6

@@ -237,3 +237,18 @@ def test_configs_name_an_environment_or_an_agent():
         load_config("configs/agent_calculator.yaml", ["env.name=flashq.envs.calculator:CalculatorMathEnv"])
     with pytest.raises(ConfigError, match="not built yet"):
         load_config("configs/agent_calculator.yaml", ["env.on_rewrite=split"])
+
+
+def test_the_token_audit_counts_every_trained_id_that_is_not_the_sampled_one(tmp_path):
+    import json
+
+    from flashq.agents.audit import audit_tokens
+
+    (tmp_path / "sampled-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"request_id": "g0/0@1.0", "ids": [7, 8]}, {"request_id": "g0/0@0.0", "ids": [5, 6]}, {"request_id": "g0/1@0.0", "ids": [9]}]))
+    trained = {"trainer_version": 0, "requests": [["g0/0", 0, 0, 6, [5, 6, 7, 8]], ["g0/1", 0, 0, 2, [9, 4]]]}
+    (tmp_path / "trained.jsonl").write_text(json.dumps(trained) + "\n")
+    assert audit_tokens(tmp_path) == {"episodes_checked": 2, "tokens_checked": 6, "retokenized_tokens": 1}
+    trained["requests"][0][4] = [5, 6, 8, 7]
+    (tmp_path / "trained.jsonl").write_text(json.dumps(trained) + "\n")
+    assert audit_tokens(tmp_path)["retokenized_tokens"] == 3
