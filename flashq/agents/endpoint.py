@@ -58,7 +58,7 @@ class AgentEndpoint:
         app.router.add_get("/e/{key}/v1/models", self._models)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, 0)
+        site = web.TCPSite(self.runner, host, 0, backlog=4096)  # hundreds of episodes may connect at once
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 

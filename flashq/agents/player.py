@@ -53,10 +53,21 @@ class AgentPlayer:
             self.score = load_reward_fn(cfg.reward.function)
 
     async def start(self) -> None:
+        """The endpoint, and the HTTP connection pools every episode's client shares (a client of
+        its own per episode builds a pool and an SSL context per episode, on the event loop that
+        also serves the endpoint and the engine)."""
+        import httpx
+
         await self.endpoint.start()
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        timeout = httpx.Timeout(self.cfg.env.agent_timeout_s, connect=60.0)
+        self.http = httpx.AsyncClient(limits=limits, timeout=timeout)
+        self.http_sync = httpx.Client(limits=limits, timeout=timeout)  # for plain functions, in threads
 
     async def stop(self) -> None:
         await self.endpoint.stop()
+        await self.http.aclose()
+        self.http_sync.close()
 
     async def play(self, req: EpisodeRequest, worker: int) -> Sample:
         ec = self.cfg.env
@@ -95,15 +106,11 @@ class AgentPlayer:
     async def _run(self, task: dict, base_url: str, key: str):
         import openai
 
+        # not closed after the episode: closing a client closes the pool the episodes share
         if self.is_async:
-            async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
-                return await self.agent(task, client)
-
-        def run():
-            with openai.OpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
-                return self.agent(task, client)
-
-        return await asyncio.to_thread(run)
+            return await self.agent(task, openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=self.http))
+        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=self.http_sync)
+        return await asyncio.to_thread(self.agent, task, client)
 
     async def _reward(self, task: dict, reward, trajectory: Trajectory) -> tuple[float, str]:
         if reward is None:
