@@ -18,7 +18,7 @@ class FakePusher:
 
     built: list[int] = []
 
-    def __init__(self, cfg, model, rpc, inference_world_size, port, device, rank=0, wire_dtype=None):
+    def __init__(self, cfg, model, rpc, inference_world_size, port, device, rank=0, wire_dtype=None, adapter=False):
         self.backend = "fake"
         self.pushed: list[int] = []
         FakePusher.built.append(inference_world_size)
