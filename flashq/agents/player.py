@@ -11,6 +11,7 @@ base URL belongs to this episode alone. It returns the episode's reward, or None
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import math
@@ -53,21 +54,10 @@ class AgentPlayer:
             self.score = load_reward_fn(cfg.reward.function)
 
     async def start(self) -> None:
-        """The endpoint, and the HTTP connection pools every episode's client shares (a client of
-        its own per episode builds a pool and an SSL context per episode, on the event loop that
-        also serves the endpoint and the engine)."""
-        import httpx
-
         await self.endpoint.start()
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
-        timeout = httpx.Timeout(self.cfg.env.agent_timeout_s, connect=60.0)
-        self.http = httpx.AsyncClient(limits=limits, timeout=timeout)
-        self.http_sync = httpx.Client(limits=limits, timeout=timeout)  # for plain functions, in threads
 
     async def stop(self) -> None:
         await self.endpoint.stop()
-        await self.http.aclose()
-        self.http_sync.close()
 
     async def play(self, req: EpisodeRequest, worker: int) -> Sample:
         ec = self.cfg.env
@@ -104,13 +94,24 @@ class AgentPlayer:
                       prompt_ids=segment.prompt_ids, loss_mask=mask, env_reward=reward, turns=segment.turns)
 
     async def _run(self, task: dict, base_url: str, key: str):
+        """The agent with a client of its own, closed with its episode. The clients share one SSL
+        context (httpx builds one per client otherwise). One pool shared by all episodes spent
+        28% of the rollout worker's time in httpcore scanning its connections for each request
+        (py-spy, bench/openai_agent.py's agent run)."""
+        import httpx
         import openai
 
-        # not closed after the episode: closing a client closes the pool the episodes share
+        limits = httpx.Limits(max_connections=8, max_keepalive_connections=2)
+        timeout = httpx.Timeout(self.cfg.env.agent_timeout_s, connect=60.0)
         if self.is_async:
-            return await self.agent(task, openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=self.http))
-        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=self.http_sync)
-        return await asyncio.to_thread(self.agent, task, client)
+            async with httpx.AsyncClient(verify=_ssl_context(), limits=limits, timeout=timeout) as http:
+                return await self.agent(task, openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=http))
+
+        def run():
+            with httpx.Client(verify=_ssl_context(), limits=limits, timeout=timeout) as http:
+                return self.agent(task, openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=http))
+
+        return await asyncio.to_thread(run)
 
     async def _reward(self, task: dict, reward, trajectory: Trajectory) -> tuple[float, str]:
         if reward is None:
@@ -133,3 +134,10 @@ class AgentPlayer:
         if self.audit is not None:  # log.token_audit: what the engine sampled, id for id
             self.audit.write(json.dumps({"request_id": req.request_id, "ids": sample.token_ids.tolist()}) + "\n")
         return sample
+
+
+@functools.cache
+def _ssl_context():
+    import ssl
+
+    return ssl.create_default_context()
