@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,16 +68,10 @@ def scale(steps: int) -> dict:
 
 
 def quickstart(extra: tuple[str, ...]) -> dict:
+    from bench.quickstart import run_quickstart
+
     with tempfile.TemporaryDirectory(prefix="flashq-lora-quickstart-") as tmp:
-        run_dir = Path(tmp) / "run"
-        cmd = ["bash", "launch/quickstart.sh", "--no-progress", f"log.run_dir={run_dir}", f"sft.output_dir={Path(tmp) / 'sft'}", *extra]
-        print("running:", " ".join(cmd), flush=True)
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, COLUMNS="120"))
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(f"the quickstart failed (exit {proc.returncode}): {' '.join(cmd)}")
-        s = json.loads((run_dir / "summary.json").read_text())
+        wall, s = run_quickstart(Path(tmp) / "run", Path(tmp) / "sft", extra)
     return {"overrides": list(extra), "wall_minutes": wall / 60, "reward_start": s["reward_start"], "reward_final": s["reward_final"],
             "reward_gain": s["reward_gain"], "eval_greedy_gain": s.get("eval_greedy_accuracy_gain"),
             "staleness_violations": s["staleness_violations"], "weight_sync_s": s["weight_sync_s"], "tokens_per_s": s["tokens_per_s"]}

@@ -29,6 +29,18 @@ sys.path.insert(0, str(ROOT))
 from bench.common import print_table, write_result  # noqa: E402
 
 
+def run_quickstart(run_dir: Path, sft_dir: Path, overrides) -> tuple[float, dict]:
+    """`bash launch/quickstart.sh` with `overrides`, as a user runs it: (wall seconds, summary.json)."""
+    cmd = ["bash", "launch/quickstart.sh", "--no-progress", f"log.run_dir={run_dir}", f"sft.output_dir={sft_dir}", *overrides]
+    print("running:", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, COLUMNS="120"))
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"the quickstart failed (exit {proc.returncode}); its logs are in {run_dir}/logs")
+    return wall, json.loads((run_dir / "summary.json").read_text())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="config overrides passed to launch/quickstart.sh")
@@ -37,15 +49,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="flashq-quickstart-") as tmp:
         run_dir = args.keep or Path(tmp) / "run"
-        cmd = ["bash", "launch/quickstart.sh", "--no-progress", f"log.run_dir={run_dir}",
-               f"sft.output_dir={Path(tmp) / 'sft'}", *args.overrides]
-        print("running:", " ".join(cmd), flush=True)
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, COLUMNS="120"))
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(f"the quickstart failed (exit {proc.returncode}); its logs are in {run_dir}/logs")
-        summary = json.loads((run_dir / "summary.json").read_text())
+        wall, summary = run_quickstart(run_dir, Path(tmp) / "sft", args.overrides)
         docs = ROOT / "docs"
         docs.mkdir(exist_ok=True)
         if not args.overrides:
