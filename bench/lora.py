@@ -12,6 +12,9 @@ Two parts, each running both modes in the same invocation on the same machine:
   10x the full run's, the ratio "LoRA Without Regret" (Schulman et al., Thinking Machines, 2025)
   found optimal across tasks; it was set before any LoRA run, not tuned on this task.
 
+LoRA engines serve as `trainer.lora.serve` defaults (merged into their weights since cae575e; the
+figures in `figures.earlier` from before it were served by vLLM's LoRA layers).
+
     python bench/lora.py                       # both parts: bench/results/lora.json
     python bench/lora.py --parts reward        # one part; the other's figures are kept
 """
@@ -115,7 +118,8 @@ def main() -> None:
     write_result("lora", results, figures, notes=(
         "scale: bench/scale_loop.py's 0.5B loop (random weights, pinned: engine core 0, trainer core 1) with and without "
         f"{' '.join(LORA_SCALE)}; push bytes from the trainer's trainer/push_bytes, push seconds the median of steps 2+, "
-        "peak RSS of the trainer's process. reward: `bash launch/quickstart.sh` with and without "
+        "peak RSS of the trainer's process. LoRA engines serve trainer.lora.serve's default (merged since cae575e, "
+        "vLLM's LoRA layers before). reward: `bash launch/quickstart.sh` with and without "
         f"{' '.join(LORA_REWARD)} (lr 10x full fine-tuning's, set a priori); reward_gain as in bench/quickstart.py."))
     print(f"wrote {path}")
 
