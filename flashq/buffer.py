@@ -2,7 +2,8 @@
 
 GRPO needs every sample of a prompt in the same batch (advantages are relative to the group),
 so a group is trainable only when all n of its samples are generated and scored. `take` packs
-chosen groups into one `TrainBatch` of flat arrays.
+chosen groups into one `TrainBatch` of flat arrays: a sequence per sample, or per segment of an
+agent episode that was split (`Sample.segments`).
 """
 
 from __future__ import annotations
@@ -91,15 +92,17 @@ def pack_batch(groups: list[Group], batch_index: int) -> TrainBatch:
     for gi, group in enumerate(groups):
         for rid in sorted(group.samples):
             s = group.samples[rid]
-            request_ids.append(rid)
-            group_index.append(gi)
-            rewards.append(group.rewards[rid].reward)
-            finish.append(s.finish_reason)
-            prompts.append(s.prompt_ids if len(s.prompt_ids) else group.prompt_ids)  # episodes carry their own
-            masks.append(s.loss_mask if len(s.loss_mask) else np.ones(len(s.token_ids), np.uint8))
-            responses.append(s.token_ids)
-            logprobs.append(s.logprobs)
-            versions.append(s.versions)
+            mask = s.loss_mask if len(s.loss_mask) else np.ones(len(s.token_ids), np.uint8)
+            for prompt, response in s.segments():  # a split episode: one sequence per segment, all under its reward
+                request_ids.append(rid)
+                group_index.append(gi)
+                rewards.append(group.rewards[rid].reward)
+                finish.append(s.finish_reason)
+                prompts.append(s.prompt_ids[prompt] if len(s.prompt_ids) else group.prompt_ids)  # episodes carry their own
+                masks.append(mask[response])
+                responses.append(s.token_ids[response])
+                logprobs.append(s.logprobs[response])
+                versions.append(s.versions[response])
 
     def offsets(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)

@@ -558,7 +558,7 @@ class Orchestrator:
             self.batch_groups[index] = groups
             self.trainer_credits -= 1
             self.ledger.batches_sent += 1
-            self.ledger.samples_batched += len(batch.request_ids)
+            self.ledger.samples_batched += sum(len(g.samples) for g in groups)  # not sequences: a split episode is several
             self.outbox.append((self.trainer, batch))
 
     # ------------------------------------------------------------ checkpoints

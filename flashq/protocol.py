@@ -139,7 +139,13 @@ def _empty_u8() -> np.ndarray:
 class Sample(Msg, tag="sample"):
     """Rollout worker -> coordinator: one finished response with its behaviour-policy data.
     An episode's sample also carries its own prompt (rendered by the worker), a loss mask (0 on
-    environment tokens) and the environment's reward."""
+    environment tokens) and the environment's reward.
+
+    An agent episode whose history was rewritten (`env.on_rewrite: split`) is several segments,
+    each a prompt and what followed it, trained as separate sequences under the episode's one
+    reward. It stays one sample (one request, one reward, one entry in the books): segment k is
+    `prompt_ids[prompt_ends[k-1]:prompt_ends[k]]` then `token_ids[segment_ends[k-1]:segment_ends[k]]`
+    (logprobs, versions and loss_mask alike), with 0 before the first end."""
 
     request_id: str
     group_id: str
@@ -155,6 +161,8 @@ class Sample(Msg, tag="sample"):
     turns: int = 0
     error: str = ""  # why the request or episode failed (finish_reason "error")
     env_seconds: float = 0.0
+    segment_ends: np.ndarray = msgspec.field(default_factory=_empty_i32)  # split episodes: int32 cumulative; empty: one segment
+    prompt_ends: np.ndarray = msgspec.field(default_factory=_empty_i32)  # split episodes: int32 cumulative, one per segment
 
     @staticmethod
     def empty_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -173,6 +181,27 @@ class Sample(Msg, tag="sample"):
         _require(self.finish_reason in FINISH_REASONS, f"unknown finish_reason {self.finish_reason!r}")
         # one float64 reduction: NaN or inf anywhere makes the sum non-finite
         _require(n == 0 or math.isfinite(self.logprobs.sum(dtype=np.float64)), "logprobs contain NaN or inf")
+        self._validate_segments()
+
+    def _validate_segments(self) -> None:
+        ends, prompt_ends = self.segment_ends, self.prompt_ends
+        _require(ends.dtype == I32 and ends.ndim == 1, "segment_ends must be 1-D int32")
+        _require(prompt_ends.dtype == I32 and prompt_ends.shape == ends.shape, "prompt_ends must be int32, one per segment end")
+        if not len(ends):
+            return
+        _require(bool(np.all(np.diff(ends, prepend=0) > 0)), "segment_ends must increase from above 0 (no empty segment)")
+        _require(int(ends[-1]) == len(self.token_ids), f"segment_ends must end at len(token_ids) ({len(self.token_ids)}), not {ends[-1]}")
+        _require(bool(np.all(np.diff(prompt_ends, prepend=0) > 0)), "prompt_ends must increase from above 0 (each segment has a prompt)")
+        _require(int(prompt_ends[-1]) == len(self.prompt_ids),
+                 f"prompt_ends must end at len(prompt_ids) ({len(self.prompt_ids)}), not {prompt_ends[-1]}")
+
+    def segments(self) -> list[tuple[slice, slice]]:
+        """(prompt slice of prompt_ids, response slice of token_ids) of each segment; one segment,
+        the whole of both, for a sample that was not split."""
+        if not len(self.segment_ends):
+            return [(slice(0, len(self.prompt_ids)), slice(0, len(self.token_ids)))]
+        p, r = [0, *self.prompt_ends.tolist()], [0, *self.segment_ends.tolist()]
+        return [(slice(p[k], p[k + 1]), slice(r[k], r[k + 1])) for k in range(len(self.segment_ends))]
 
 
 # ---------------------------------------------------------------- reward
@@ -221,6 +250,8 @@ class TrainBatch(Msg, tag="batch"):
     Sequence i has prompt `prompt_ids[prompt_offsets[i]:prompt_offsets[i+1]]` and response
     `response_ids[response_offsets[i]:response_offsets[i+1]]`; `logprobs` and `versions` are
     aligned with `response_ids`. `group_index[i]` says which group sequence i belongs to.
+    A sample split into segments is that many consecutive sequences under its request id, each
+    with the sample's group, reward and finish reason: group statistics count it once.
     """
 
     batch_index: int
@@ -248,6 +279,24 @@ class TrainBatch(Msg, tag="batch"):
         _require(self.logprobs.shape == self.response_ids.shape, "logprobs must align with response_ids")
         _require(self.versions.shape == self.response_ids.shape, "versions must align with response_ids")
         _require(self.loss_mask.dtype == U8 and self.loss_mask.shape in ((0,), self.response_ids.shape), "loss_mask must align with response_ids")
+        _require(self.finish_reasons == [] or len(self.finish_reasons) == n, "finish_reasons must be empty or one per sequence")
+        of, first = self.sample_index(), self.sample_starts()
+        _require(len(first) == len(set(self.request_ids)), "a request id's sequences (its segments) must be consecutive")
+        _require(bool(np.all(self.group_index == self.group_index[first][of]) and np.all(self.rewards == self.rewards[first][of])),
+                 "a sample's segments must share its group index and reward")
+        _require(all(f == self.finish_reasons[first[k]] for f, k in zip(self.finish_reasons, of)),
+                 "a sample's segments must share its finish reason")
+
+    def sample_index(self) -> np.ndarray:
+        """Which sample each sequence is part of (0, 1, ...): sequences with the request id of the
+        one before them are further segments of its sample."""
+        ids = self.request_ids
+        new = [i == 0 or ids[i] != ids[i - 1] for i in range(len(ids))]
+        return np.cumsum(np.asarray(new, np.int64)) - 1
+
+    def sample_starts(self) -> np.ndarray:
+        """The first sequence of each sample."""
+        return np.flatnonzero(np.diff(self.sample_index(), prepend=-1))
 
 
 class StepStats(Msg, tag="step_stats"):

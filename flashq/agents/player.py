@@ -1,5 +1,6 @@
 """The rollout worker's side of agent episodes: the user's OpenAI-client function, run once per
-episode against the worker's endpoint, and its trajectory sent back as one `Sample`.
+episode against the worker's endpoint, and its trajectory sent back as one `Sample` (of several
+segments when the agent rewrote its history and `env.on_rewrite` is split).
 
 An agent is `async def agent(task, client) -> float | None` (or a plain function, run in a
 thread with a synchronous client): `client` is an `openai.AsyncOpenAI` (`openai.OpenAI`) whose
@@ -83,15 +84,13 @@ class AgentPlayer:
             reward, error = await self._reward(req.task, reward, trajectory)
         if not error and not trajectory.segments:
             error = "the agent made no chat-completion call"
-        if not error and len(trajectory.segments) > 1:
-            error = "the agent rewrote its history: splitting an episode into segments is not supported yet"
+        if not error and ec.on_rewrite == "fail" and len(trajectory.trained_segments()) > 1:
+            error = "the agent's conversation restarted after a failed call; with env.on_rewrite fail an episode is one sequence"
         if error:
             return Sample(req.request_id, req.group_id, worker, *Sample.empty_arrays(), "error", error=error[:500])
-        segment = trajectory.segments[0]
-        token_ids, logprobs, versions, mask = segment.arrays()
         finish = "length" if session.truncated or trajectory.cut else "stop"
-        return Sample(req.request_id, req.group_id, worker, token_ids, logprobs, versions, finish,
-                      prompt_ids=segment.prompt_ids, loss_mask=mask, env_reward=reward, turns=segment.turns)
+        arrays = trajectory.sample_arrays()  # several segments when the agent rewrote its history (env.on_rewrite split)
+        return Sample(req.request_id, req.group_id, worker, finish_reason=finish, env_reward=reward, turns=trajectory.turns, **arrays)
 
     async def _run(self, task: dict, base_url: str, key: str):
         """The agent with a client of its own, closed with its episode. The clients share one SSL

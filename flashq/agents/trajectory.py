@@ -151,3 +151,20 @@ class Trajectory:
     @property
     def turns(self) -> int:
         return sum(s.turns for s in self.segments)
+
+    def trained_segments(self) -> list[Segment]:
+        """The segments that hold sampled tokens (a call the engine failed, or one refused past
+        env.max_turns, can leave a segment with a prompt alone); the first if none does."""
+        return [s for s in self.segments if s.ids] or self.segments[:1]
+
+    def sample_arrays(self) -> dict[str, np.ndarray]:
+        """`Sample` fields of the trained segments: each array concatenated over the segments,
+        with segment_ends and prompt_ends (cumulative) when there are several."""
+        segments = self.trained_segments()
+        parts = [s.arrays() for s in segments]
+        out = {name: np.concatenate([p[k] for p in parts]) for k, name in enumerate(("token_ids", "logprobs", "versions", "loss_mask"))}
+        out["prompt_ids"] = np.concatenate([s.prompt_ids for s in segments])
+        if len(segments) > 1:
+            out["segment_ends"] = np.cumsum([len(p[0]) for p in parts]).astype(np.int32)
+            out["prompt_ends"] = np.cumsum([len(s.prompt_ids) for s in segments]).astype(np.int32)
+        return out

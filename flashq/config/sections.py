@@ -135,7 +135,8 @@ class EnvConfig(Section):
     tool_parser: str | None = Field("hermes", description="Agents: vLLM's tool-call parser for completions when a call sends tools.")
     on_rewrite: Literal["split", "fail"] = Field(
         "fail", description="Agents: a call whose messages do not extend the conversation sampled so far (a summarised or edited "
-        "history) fails the episode, naming the message ('split': train the parts apart; not built yet)."
+        "history) fails the episode, naming the message; 'split' starts a new segment there, each segment trained as a sequence "
+        "of its own under the episode's reward and advantage."
     )
     served_model_name: str = Field("flashq-policy", description="Agents: the model name the endpoint serves; others get a 404.")
     demonstrations: str | None = Field(
@@ -147,8 +148,6 @@ class EnvConfig(Section):
     def _one_kind(self) -> EnvConfig:
         if (self.name is None) == (self.agent is None):
             raise ValueError("env needs exactly one of name (an environment class) and agent (an OpenAI-client function)")
-        if self.on_rewrite == "split":
-            raise ValueError("env.on_rewrite split (training a rewritten episode's parts as separate samples) is not built yet; use fail")
         return self
 
 

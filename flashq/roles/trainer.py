@@ -317,18 +317,28 @@ def trained_record(batch: TrainBatch, version_after: int, skipped: bool = False,
     """What the trainer trained at version `version_after - 1`: request ids and their token
     version range, for auditing staleness and exactly-once afterwards. A batch skipped for a
     non-finite gradient is recorded with the reason (its samples were consumed, not learned).
-    `tokens` (log.token_audit): each request's trained token ids too (loss mask 1)."""
+    `tokens` (log.token_audit): each request's trained token ids too (loss mask 1). A request
+    split into segments (several sequences) is one entry over all of them, its ids in segment
+    order, and `segments` maps it to its number of sequences."""
     versions = np.asarray(batch.versions)
     offsets = batch.response_offsets
-    per_request = []
-    for i, rid in enumerate(batch.request_ids):
-        v = versions[offsets[i] : offsets[i + 1]]
+    of = batch.sample_index()
+    first = batch.sample_starts()
+    ends = [*first[1:].tolist(), len(of)]
+    per_request, segments = [], {}
+    for start, end in zip(first.tolist(), ends):
+        rid, lo, hi = batch.request_ids[start], offsets[start], offsets[end]  # a sample's sequences are consecutive
+        v = versions[lo:hi]
         per_request.append([rid, int(v.min()) if len(v) else -1, int(v.max()) if len(v) else -1, int(len(v))])
+        if end - start > 1:
+            segments[rid] = end - start
         if tokens:
-            ids = np.asarray(batch.response_ids[offsets[i] : offsets[i + 1]])
-            mask = batch.loss_mask[offsets[i] : offsets[i + 1]] if len(batch.loss_mask) else np.ones(len(ids), np.uint8)
+            ids = np.asarray(batch.response_ids[lo:hi])
+            mask = batch.loss_mask[lo:hi] if len(batch.loss_mask) else np.ones(len(ids), np.uint8)
             per_request[-1].append(ids[mask == 1].tolist())
     record = {"trainer_version": version_after - 1, "batch_index": batch.batch_index, "requests": per_request}
+    if segments:
+        record["segments"] = segments
     if skipped:
         record["skipped"] = "non-finite gradient norm"
     return record

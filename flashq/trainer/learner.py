@@ -245,15 +245,16 @@ class Learner:
         tc, lc = self.cfg.trainer, self.cfg.trainer.loss
         n_seq = len(batch.request_ids)
         truncated = np.array([f == "length" for f in batch.finish_reasons], bool) if batch.finish_reasons else np.zeros(n_seq, bool)
-        shaped = np.array(batch.rewards, dtype=np.float32)
-        if lc.overlong == "penalty":
-            shaped = shaped + soft_overlong_penalty(trained_lengths(batch), self.max_sample_tokens, lc.overlong_margin)
-        elif lc.overlong == "filter" and truncated.any():
+        adv, shaped = sequence_advantages(batch, lc, self.max_sample_tokens)
+        if lc.overlong == "filter" and truncated.any():
             batch = msgspec.structs.replace(batch, loss_mask=filtered_loss_mask(batch.loss_mask, batch.response_offsets, truncated))
-        rewards = torch.from_numpy(np.array(batch.rewards))
-        groups = torch.from_numpy(np.array(batch.group_index, dtype=np.int64))
-        adv = adv_fns.compute(lc.advantage, torch.from_numpy(shaped), groups, lc.normalize_std)
         resp_lens = trained_lengths(batch)
+        # per sample (a split episode's segments are one sample): rewards, lengths, truncation
+        of = batch.sample_index()
+        first = batch.sample_starts()
+        n_samples = len(first)
+        rewards = torch.from_numpy(np.array(batch.rewards)[first])
+        sample_lens = per_sample(resp_lens, of, n_samples)
 
         minibatches = self._minibatches(n_seq)
         plan = [self._rank_micro_batches(batch, mb, adv) for mb in minibatches]
@@ -340,16 +341,17 @@ class Learner:
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
             "train/skipped_nonfinite": float(skipped),  # its optimizer step (or the rest of its minibatches) not applied
             "reward/mean": float(rewards.mean()) if n_seq else 0.0,
-            "reward/std": float(rewards.std()) if n_seq > 1 else 0.0,
+            "reward/std": float(rewards.std()) if n_samples > 1 else 0.0,
             "train/zero_variance_groups": float(zero_variance_groups(batch)),  # no advantage: dynamic sampling drops them
-            "advantage/abs_mean": float(adv.abs().mean()) if n_seq else 0.0,
-            "response/mean_tokens": float(resp_lens.mean()) if n_seq else 0.0,
-            "response/max_tokens": float(resp_lens.max()) if n_seq else 0.0,
-            "response/truncated_frac": float(truncated.mean()) if n_seq else 0.0,
+            "advantage/abs_mean": float(adv[first].abs().mean()) if n_seq else 0.0,
+            "response/mean_tokens": float(sample_lens.mean()) if n_seq else 0.0,
+            "response/max_tokens": float(sample_lens.max()) if n_seq else 0.0,
+            "response/truncated_frac": float(truncated[first].mean()) if n_seq else 0.0,
             "reward/shaped_mean": float(shaped.mean()) if n_seq else 0.0,  # with the overlong penalty, if any
             **staleness_stats(batch, self.cfg.staleness_bound),
             "train/seconds": time.monotonic() - t0,
             "train/sequences": float(n_seq),
+            "train/samples": float(n_samples),  # fewer than sequences when agent episodes were split into segments
             "train/tokens": float(resp_lens.sum()),
             "train/padding_frac": padding,  # of the tokens this rank's forward passes computed
             **{f"loss/{k}": v for k, v in totals.items()},
@@ -525,6 +527,25 @@ def loss_rows(batch: TrainBatch, idx: np.ndarray, width: int, starts: np.ndarray
         mask[j, s : s + r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
         behav[j, s : s + r_len] = batch.logprobs[ro[i] : ro[i + 1]]
     return mask, behav
+
+
+def sequence_advantages(batch: TrainBatch, lc, max_sample_tokens: int) -> tuple[torch.Tensor, np.ndarray]:
+    """Each sequence's advantage and each sample's shaped reward. Advantages are computed over
+    samples, then given to each of a sample's sequences: an agent episode split into segments
+    counts once in its group's statistics, and every segment gets the episode's advantage."""
+    of = batch.sample_index()
+    first = batch.sample_starts()
+    shaped = np.array(batch.rewards, dtype=np.float32)[first]
+    if lc.overlong == "penalty":
+        shaped = shaped + soft_overlong_penalty(per_sample(trained_lengths(batch), of, len(first)), max_sample_tokens, lc.overlong_margin)
+    groups = torch.from_numpy(np.array(batch.group_index, dtype=np.int64)[first])
+    adv = adv_fns.compute(lc.advantage, torch.from_numpy(shaped), groups, lc.normalize_std)
+    return adv[torch.from_numpy(of)], shaped
+
+
+def per_sample(values: np.ndarray, of: np.ndarray, n_samples: int) -> np.ndarray:
+    """Per-sequence `values` summed over each sample's sequences."""
+    return np.bincount(of, weights=values, minlength=n_samples).astype(np.int64)
 
 
 def zero_variance_groups(batch: TrainBatch) -> int:

@@ -159,6 +159,44 @@ def test_a_rewritten_history_fails_the_episode_naming_the_message(tiny_model):
     assert len(engine.calls) == 1
 
 
+async def summarises(task, client):
+    """Two calls that continue each other, then a third on a summary of them."""
+    messages = [{"role": "user", "content": "2+2=?"}]
+    for question in ("and 3+3?", None):
+        reply = await client.chat.completions.create(model="flashq-policy", messages=messages)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True)]
+        if question:
+            messages += [{"role": "user", "content": question}]
+    summary = [{"role": "user", "content": "summary: 4 and 6"}, {"role": "user", "content": "sum them"}]
+    await client.chat.completions.create(model="flashq-policy", messages=summary)
+    return 0.5
+
+
+def test_a_rewritten_history_splits_the_episode_into_segments_of_exact_tokens(tiny_model):
+    p, engine = player(tiny_model, "summarises", ["4", "6", "10"], ["env.on_rewrite=split"])
+    sample = play(p)
+    sample.validate()
+    assert sample.finish_reason == "stop" and sample.env_reward == 0.5 and sample.turns == 3
+    (c1, ids1), (c2, ids2), (c3, ids3) = engine.calls
+    def rendered(messages):
+        text = p.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return p.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    prompt0 = rendered([{"role": "user", "content": "2+2=?"}])
+    prompt1 = rendered([{"role": "user", "content": "summary: 4 and 6"}, {"role": "user", "content": "sum them"}])
+    tail = c2[len(c1) + len(ids1):]  # the rendered "and 3+3?" turn between the first two completions
+    assert c1 == prompt0 and c3 == prompt1 and tail  # the third call starts afresh from its own messages
+    assert sample.prompt_ids.tolist() == prompt0 + prompt1 and sample.prompt_ends.tolist() == [len(prompt0), len(prompt0 + prompt1)]
+    segment0 = [*ids1.tolist(), *tail, *ids2.tolist()]
+    assert sample.token_ids.tolist() == segment0 + ids3.tolist()
+    assert sample.segment_ends.tolist() == [len(segment0), len(segment0) + len(ids3)]
+    assert sample.loss_mask.tolist() == [1] * len(ids1) + [0] * len(tail) + [1] * len(ids2) + [1] * len(ids3)
+    assert sample.logprobs.tolist() == [-0.5] * len(ids1) + [0] * len(tail) + [-0.5] * (len(ids2) + len(ids3))
+    assert set(sample.versions.tolist()) == {3}
+    assert [(len(sample.prompt_ids[p]), len(sample.token_ids[r])) for p, r in sample.segments()] == [
+        (len(prompt0), len(segment0)), (len(prompt1), len(ids3))]
+
+
 async def picks_the_second(task, client):
     messages = [{"role": "user", "content": "pick"}]
     reply = await client.chat.completions.create(model="flashq-policy", messages=messages, n=2)
@@ -235,8 +273,7 @@ def test_configs_name_an_environment_or_an_agent():
 
     with pytest.raises(ConfigError, match="exactly one of name"):
         load_config("configs/agent_calculator.yaml", ["env.name=flashq.envs.calculator:CalculatorMathEnv"])
-    with pytest.raises(ConfigError, match="not built yet"):
-        load_config("configs/agent_calculator.yaml", ["env.on_rewrite=split"])
+    assert load_config("configs/agent_calculator.yaml", ["env.on_rewrite=split"]).env.on_rewrite == "split"
 
 
 def test_the_token_audit_counts_every_trained_id_that_is_not_the_sampled_one(tmp_path):
