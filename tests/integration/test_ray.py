@@ -1,5 +1,6 @@
 """`flashq launch --backend ray` on a local Ray cluster of three nodes on this machine: the
-coordinator, rollout workers and trainer each pinned by a custom resource to their own node."""
+coordinator, rollout workers and trainer each pinned by a custom resource to their own node; once
+with full weights and once with LoRA and grouped speculation."""
 
 import pytest
 
@@ -22,10 +23,12 @@ def cluster():
     c.shutdown()
 
 
-def test_quickstart_runs_on_a_multi_node_ray_cluster(tmp_path, cluster):
+@pytest.mark.parametrize("variant", [[], ["trainer.lora.rank=8", "trainer.lr=1e-3", "rollout.speculation=grouped"]],
+                         ids=["full", "lora-grouped-speculation"])
+def test_quickstart_runs_on_a_multi_node_ray_cluster(tmp_path, cluster, variant):
     import subprocess
 
-    overrides = [
+    overrides = [*variant,
         f"ray.address={cluster.address}", "trainer.steps=6", "async_ratio=1",
         "ray.coordinator.resources={head_node: 0.5}", "ray.reward.resources={head_node: 0.5}",
         "ray.rollout.resources={inference_node: 0.5}", "ray.trainer.resources={train_node: 1}",
@@ -39,4 +42,9 @@ def test_quickstart_runs_on_a_multi_node_ray_cluster(tmp_path, cluster):
     assert len({where["coordinator"].split()[1], where["rollout-0"].split()[1], where["trainer"].split()[1]}) == 3
     ids = [rid for _, rid, _, _ in trained_requests(tmp_path)]
     assert len(ids) == len(set(ids)) == 6 * 4 * 4  # every sample of every step trained once
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"] == list(range(1, 7))
+    steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    if variant:  # LoRA pushes carry the adapter alone, served with grouped drafts
+        pushes = [r["trainer/push_bytes"] for r in steps if "trainer/push_bytes" in r]
+        assert pushes and max(pushes) < 200_000  # the tiny model's full weights are ~1.2 MB
+        assert any("spec/draft_acceptance_rate" in r for r in steps)  # drafts proposed and verified
