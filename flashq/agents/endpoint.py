@@ -6,14 +6,22 @@ opens with its episode and closes when the episode ends, so a call for another e
 its episode ended, is refused. Errors have the OpenAI API's shape
 (`{"error": {"message", "type", "param", "code"}}`) and status, so the `openai` client raises its
 usual exceptions with flashq's message.
+
+The URL answers over TCP for any client an agent builds itself. The client flashq hands the agent
+reaches the same handler in process (`transport`, an httpx transport): same requests, same
+replies, no socket. Over TCP each episode's connection, aiohttp's parsing and the loop's socket
+work took about a quarter of the rollout worker's CPU (py-spy, bench/openai_agent.py's agent),
+on the core its engine runs on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import secrets
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +46,9 @@ class Session(Protocol):
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
-StreamWriter = Callable[[dict[str, Any]], Awaitable[None]]
+Reply = tuple[int, dict[str, str], bytes]  # HTTP status, headers, body
+ROUTE = re.compile(r"^/e/([^/]+)/v1/(chat/completions|models)$")
+JSON = {"Content-Type": "application/json"}
 
 
 class AgentEndpoint:
@@ -54,8 +64,7 @@ class AgentEndpoint:
         from aiohttp import web
 
         app = web.Application(client_max_size=64 << 20)
-        app.router.add_post("/e/{key}/v1/chat/completions", self._chat)
-        app.router.add_get("/e/{key}/v1/models", self._models)
+        app.router.add_route("*", "/{path:.*}", self._http)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, 0, backlog=4096)  # hundreds of episodes may connect at once
@@ -76,72 +85,98 @@ class AgentEndpoint:
     def close(self, key: str) -> None:
         self.sessions.pop(key, None)
 
-    def _session(self, request) -> Session:
-        session = self.sessions.get(request.match_info["key"])
+    def transport(self, loop: asyncio.AbstractEventLoop | None = None):
+        """An httpx transport to this endpoint without a socket: async (for `openai.AsyncOpenAI`),
+        or, given the endpoint's loop, sync (for `openai.OpenAI` in an agent's thread)."""
+        import httpx
+
+        endpoint = self
+
+        class InProcess(httpx.AsyncBaseTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                status, headers, content = await endpoint.handle(request.method, request.url.path, await request.aread())
+                return httpx.Response(status, headers=headers, content=content, request=request)
+
+        class FromThread(httpx.BaseTransport):
+            def handle_request(self, request: httpx.Request) -> httpx.Response:
+                reply = asyncio.run_coroutine_threadsafe(endpoint.handle(request.method, request.url.path, request.read()), loop)
+                status, headers, content = reply.result()
+                return httpx.Response(status, headers=headers, content=content, request=request)
+
+        return InProcess() if loop is None else FromThread()
+
+    async def handle(self, method: str, path: str, body: bytes) -> Reply:
+        """One request, from aiohttp or an in-process transport: the reply as bytes."""
+        route = ROUTE.match(path)
+        if route is None:
+            return _error(ApiError(404, f"no such endpoint: {method} {path} (flashq serves chat/completions and models)"))
+        key, what = route.groups()
+        if (method, what) not in (("POST", "chat/completions"), ("GET", "models")):
+            return _error(ApiError(405, f"{what} does not take {method}"))
+        session = self.sessions.get(key)
         if session is None:
-            raise ApiError(401, "unknown or ended episode: this base URL belongs to an episode that is over, or never existed",
-                           code="invalid_api_key")
-        return session
-
-    async def _models(self, request):
-        from aiohttp import web
-
-        try:
-            self._session(request)
-        except ApiError as e:
-            return web.json_response(e.body(), status=e.status)
-        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "flashq"}]})
-
-    async def _chat(self, request):
-        from aiohttp import web
-
+            self.refused += 1
+            return _error(ApiError(401, "unknown or ended episode: this base URL belongs to an episode that is over, or never existed",
+                                   code="invalid_api_key"))
+        if what == "models":
+            return _json({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "flashq"}]})
         self.requests += 1
         try:
-            session = self._session(request)
             try:
-                body = json.loads(await request.read())
+                request = json.loads(body)
             except ValueError as e:
                 raise ApiError(400, f"the request body is not JSON: {e}") from None
-            if not isinstance(body, dict):
-                raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-            reply = await session.complete(body)
+            if not isinstance(request, dict):
+                raise ApiError(400, f"the request body must be a JSON object, got {type(request).__name__}")
+            reply = await session.complete(request)
         except ApiError as e:
             self.refused += 1
-            return web.json_response(e.body(), status=e.status)
+            return _error(e)
         except Exception as e:  # noqa: BLE001 - a bug or a dead engine: the agent gets a 500 it can read, the worker lives
             log.exception("agent endpoint: chat completion failed")
-            return web.json_response(ApiError(500, f"{type(e).__name__}: {e}").body(), status=500)
-        if not body.get("stream"):
-            return web.json_response(reply)
-        return await self._stream(request, reply, body)
+            return _error(ApiError(500, f"{type(e).__name__}: {e}"))
+        if not request.get("stream"):
+            return _json(reply)
+        return 200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}, _events(reply, request)
 
-    async def _stream(self, request, reply: dict[str, Any], body: dict[str, Any]):
-        """Server-sent events as the API sends them: a role chunk, each choice's content and tool
-        calls as one delta (the engine returns whole completions), the finish reasons, [DONE]."""
+    async def _http(self, request):
         from aiohttp import web
 
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        status, headers, content = await self.handle(request.method, request.path, await request.read())
+        return web.Response(status=status, headers=headers, body=content)
 
-        async def send(choices, usage=None):
-            chunk = {**base, "choices": choices}
-            if usage is not None:
-                chunk["usage"] = usage
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
-        for c in reply["choices"]:
-            await send([{"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-            delta: dict[str, Any] = {}
-            if c["message"].get("content"):
-                delta["content"] = c["message"]["content"]
-            if c["message"].get("tool_calls"):
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(c["message"]["tool_calls"])]
-            if delta:
-                await send([{"index": c["index"], "delta": delta, "finish_reason": None}])
-            await send([{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}])
-        if (body.get("stream_options") or {}).get("include_usage"):
-            await send([], reply["usage"])
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+def _json(payload: dict[str, Any], status: int = 200) -> Reply:
+    return status, JSON, json.dumps(payload).encode()
+
+
+def _error(e: ApiError) -> Reply:
+    return _json(e.body(), e.status)
+
+
+def _events(reply: dict[str, Any], request: dict[str, Any]) -> bytes:
+    """Server-sent events as the API sends them: a role chunk, each choice's content and tool
+    calls as one delta (the engine returns whole completions), the finish reasons, [DONE]."""
+    base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    chunks = []
+
+    def send(choices, usage=None):
+        chunk = {**base, "choices": choices}
+        if usage is not None:
+            chunk["usage"] = usage
+        chunks.append(f"data: {json.dumps(chunk)}\n\n")
+
+    for c in reply["choices"]:
+        send([{"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        delta: dict[str, Any] = {}
+        if c["message"].get("content"):
+            delta["content"] = c["message"]["content"]
+        if c["message"].get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(c["message"]["tool_calls"])]
+        if delta:
+            send([{"index": c["index"], "delta": delta, "finish_reason": None}])
+        send([{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}])
+    if (request.get("stream_options") or {}).get("include_usage"):
+        send([], reply["usage"])
+    chunks.append("data: [DONE]\n\n")
+    return "".join(chunks).encode()

@@ -29,6 +29,7 @@ def setup_logging(level: str = "INFO", vllm_level: str = "WARNING") -> None:
         force=True,
     )
     logging.getLogger("vllm").setLevel(getattr(logging, vllm_level))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO is a line per request: every agent call
 
 
 def role_index(role: str) -> int:
