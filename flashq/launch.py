@@ -461,7 +461,7 @@ def cuda_devices(cfg: FlashqConfig, role: str) -> str | None:
 
 def check_placement(cfg: FlashqConfig) -> None:
     available = os.sched_getaffinity(0)
-    for kind in ("coordinator", "rollout", "reward", "trainer"):
+    for kind in ("coordinator", "rollout", "reward", "trainer", "rollout_frontend"):
         cpus = getattr(cfg.placement, kind)
         missing = set(cpus) - available
         if missing:

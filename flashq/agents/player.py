@@ -12,6 +12,7 @@ base URL belongs to this episode alone. It returns the episode's reward, or None
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -96,19 +97,20 @@ class AgentPlayer:
         return Sample(req.request_id, req.group_id, worker, finish_reason=finish, env_reward=reward, turns=trajectory.turns, **arrays)
 
     async def _run(self, task: dict, base_url: str, key: str):
-        """The agent with a client of its own, closed with its episode, that reaches the endpoint
-        in process (`AgentEndpoint.transport`); its base URL also answers over TCP."""
+        """The agent with a client of its own that reaches the endpoint in process
+        (`AgentEndpoint.transport`); its base URL also answers over TCP."""
         import httpx
         import openai
 
-        timeout = httpx.Timeout(self.cfg.env.agent_timeout_s)
-        if self.is_async:
-            async with httpx.AsyncClient(transport=self.endpoint.transport(), timeout=timeout) as http:
-                return await self.agent(task, openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=http))
+        if self.is_async:  # a client per episode: an agent may close its client when it is done
+            async with httpx.AsyncClient(transport=self.endpoint.transport(), timeout=self.cfg.env.agent_timeout_s) as http:
+                client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=http)
+                client._platform = _platform()  # the SDK detects it per client, in a thread, on its first call
+                return await self.agent(task, client)
         loop = asyncio.get_running_loop()
 
         def run():
-            with httpx.Client(transport=self.endpoint.transport(loop), timeout=timeout) as http:
+            with httpx.Client(transport=self.endpoint.transport(loop), timeout=self.cfg.env.agent_timeout_s) as http:
                 return self.agent(task, openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=http))
 
         return await asyncio.to_thread(run)
@@ -135,3 +137,9 @@ class AgentPlayer:
             self.audit.write(json.dumps({"request_id": req.request_id, "ids": sample.token_ids.tolist()}) + "\n")
         return sample
 
+
+@functools.cache
+def _platform():
+    from openai._base_client import get_platform
+
+    return get_platform()

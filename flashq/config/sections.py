@@ -446,6 +446,10 @@ class PlacementConfig(Section):
     rollout: list[int] = []
     reward: list[int] = []
     trainer: list[int] = []
+    rollout_frontend: list[int] = Field(
+        default_factory=list, description="Cores for the rollout worker's own process once its engine has started (vLLM's "
+        "frontend, the agent endpoint, agents and environments); the engine's processes keep `rollout`. Empty: `rollout`."
+    )
     rollout_gpus: list[int] = Field(
         default_factory=list, description="CUDA devices of the rollout workers, tensor_parallel_size consecutive ones each."
     )

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,30 @@ def test_role_view_holds_only_what_the_role_reads():
     assert "async_ratio" in role_view(cfg, "trainer")
     with pytest.raises(ConfigError, match="unknown role"):
         role_view(cfg, "critic")
+
+
+def test_the_rollout_frontend_moves_every_thread_of_the_worker_and_names_missing_cores():
+    """placement.rollout_frontend: the rollout worker's threads (started before and after) leave
+    the engine's cores; a core the machine lacks is named before anything starts."""
+    import subprocess
+    import sys
+
+    from flashq.launch import check_placement
+
+    script = (
+        "import os, threading\n"
+        "from flashq.roles.rollout import pin_process\n"
+        "os.sched_setaffinity(0, {0, 1})\n"
+        "stop = threading.Event(); seen = {}\n"
+        "before = threading.Thread(target=lambda: (stop.wait(), seen.update(before=os.sched_getaffinity(0)))); before.start()\n"
+        "pin_process([1])\n"
+        "after = threading.Thread(target=lambda: seen.update(after=os.sched_getaffinity(0))); after.start(); after.join()\n"
+        "stop.set(); before.join()\n"
+        "print(sorted(os.sched_getaffinity(0)), sorted(seen['before']), sorted(seen['after']))\n"
+    )
+    if not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs cores 0 and 1")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[1] [1] [1]"  # the process, a thread started before, one started after
+    with pytest.raises(ConfigError, match=r"placement.rollout_frontend names CPU\(s\) \[4096\]"):
+        check_placement(load_config(None, ["placement.rollout_frontend=[4096]"]))
