@@ -47,4 +47,6 @@ def test_quickstart_runs_on_a_multi_node_ray_cluster(tmp_path, cluster, variant)
     if variant:  # LoRA pushes carry the adapter alone, served with grouped drafts
         pushes = [r["trainer/push_bytes"] for r in steps if "trainer/push_bytes" in r]
         assert pushes and max(pushes) < 200_000  # the tiny model's full weights are ~1.2 MB
-        assert any("spec/draft_acceptance_rate" in r for r in steps)  # drafts proposed and verified
+        # each engine runs flashq's grouped proposer (its stats reach the coordinator; how many drafts
+        # a 6-step run makes by the time they are sent varies, so that count is not asserted)
+        assert all(any(f"spec/drafting_s_total/rollout-{i}" in r for r in steps) for i in (0, 1))
