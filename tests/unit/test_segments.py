@@ -13,7 +13,7 @@ from flashq.config import load_config
 from flashq.protocol import RewardResult, Sample
 from flashq.roles.trainer import trained_record
 from flashq.staleness import Admission
-from flashq.trainer.learner import sequence_advantages
+from flashq.trainer.batch_stats import sequence_advantages
 
 PROMPT = np.array([1, 2, 3], np.int32)
 
