@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import secrets
+from concurrent.futures import CancelledError
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class AgentEndpoint:
         self.port = 0
         self.requests = 0
         self.refused = 0
+        self.in_flight: dict[str, set[asyncio.Task]] = {}  # key -> its calls being answered
 
     async def start(self, host: str = "127.0.0.1") -> None:
         from aiohttp import web
@@ -83,7 +85,11 @@ class AgentEndpoint:
         return f"http://127.0.0.1:{self.port}/e/{key}/v1", key
 
     def close(self, key: str) -> None:
+        """End the episode's key; its calls still in flight are cancelled (their agent gets an
+        error), so no engine keeps generating for an episode that is over."""
         self.sessions.pop(key, None)
+        for call in self.in_flight.pop(key, set()):
+            call.cancel()
 
     def transport(self, loop: asyncio.AbstractEventLoop | None = None):
         """An httpx transport to this endpoint without a socket: async (for `openai.AsyncOpenAI`),
@@ -94,16 +100,36 @@ class AgentEndpoint:
 
         class InProcess(httpx.AsyncBaseTransport):
             async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-                status, headers, content = await endpoint.handle(request.method, request.url.path, await request.aread())
-                return httpx.Response(status, headers=headers, content=content, request=request)
+                body = await request.aread()
+                try:  # the client's read timeout, as a socket would enforce it
+                    reply = await asyncio.wait_for(endpoint.answer(request.method, request.url.path, body), _read_timeout(request))
+                except TimeoutError:
+                    raise httpx.ReadTimeout("no reply within the client's timeout", request=request) from None
+                return httpx.Response(reply[0], headers=reply[1], content=reply[2], request=request)
 
         class FromThread(httpx.BaseTransport):
             def handle_request(self, request: httpx.Request) -> httpx.Response:
-                reply = asyncio.run_coroutine_threadsafe(endpoint.handle(request.method, request.url.path, request.read()), loop)
-                status, headers, content = reply.result()
-                return httpx.Response(status, headers=headers, content=content, request=request)
+                call = asyncio.run_coroutine_threadsafe(endpoint.answer(request.method, request.url.path, request.read()), loop)
+                try:
+                    reply = call.result(_read_timeout(request))
+                except TimeoutError:
+                    call.cancel()
+                    raise httpx.ReadTimeout("no reply within the client's timeout", request=request) from None
+                except CancelledError:
+                    raise httpx.ReadError("the episode ended while this call was in flight", request=request) from None
+                return httpx.Response(reply[0], headers=reply[1], content=reply[2], request=request)
 
         return InProcess() if loop is None else FromThread()
+
+    async def answer(self, method: str, path: str, body: bytes) -> Reply:
+        """`handle`, as a task the episode's key holds while it runs: `close` cancels it."""
+        route = ROUTE.match(path)
+        task = asyncio.ensure_future(self.handle(method, path, body))
+        calls = self.in_flight.setdefault(route.group(1), set()) if route and route.group(1) in self.sessions else None
+        if calls is not None:
+            calls.add(task)
+            task.add_done_callback(calls.discard)
+        return await task
 
     async def handle(self, method: str, path: str, body: bytes) -> Reply:
         """One request, from aiohttp or an in-process transport: the reply as bytes."""
@@ -129,21 +155,25 @@ class AgentEndpoint:
             if not isinstance(request, dict):
                 raise ApiError(400, f"the request body must be a JSON object, got {type(request).__name__}")
             reply = await session.complete(request)
+            if not request.get("stream"):
+                return _json(reply)
+            return 200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}, _events(reply, request)
         except ApiError as e:
             self.refused += 1
             return _error(e)
         except Exception as e:  # noqa: BLE001 - a bug or a dead engine: the agent gets a 500 it can read, the worker lives
             log.exception("agent endpoint: chat completion failed")
             return _error(ApiError(500, f"{type(e).__name__}: {e}"))
-        if not request.get("stream"):
-            return _json(reply)
-        return 200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}, _events(reply, request)
 
     async def _http(self, request):
         from aiohttp import web
 
-        status, headers, content = await self.handle(request.method, request.path, await request.read())
+        status, headers, content = await self.answer(request.method, request.path, await request.read())
         return web.Response(status=status, headers=headers, body=content)
+
+
+def _read_timeout(request) -> float | None:
+    return (request.extensions.get("timeout") or {}).get("read")
 
 
 def _json(payload: dict[str, Any], status: int = 200) -> Reply:

@@ -104,6 +104,9 @@ class FlashqConfig(Section):
             if self.eval.task is not None and self.eval.task == self.task:
                 raise ValueError("eval.task is the training task: its prompts would be trained on; leave eval.task unset to hold out "
                                  "eval.holdout of them instead")
+        lora = self.trainer.lora
+        if lora is not None and lora.serve == "auto":  # the resolved config.yaml shows which
+            object.__setattr__(lora, "serve", "merged" if self.model.dtype == "float32" else "adapter")
         if self.trainer.lora is not None and self.trainer.world_size > 1:
             raise ValueError("trainer.lora runs on one trainer rank: set trainer.world_size 1 (sharding the frozen base "
                              "with FSDP2 under an adapter is not built yet)")
@@ -130,8 +133,11 @@ class FlashqConfig(Section):
         """The largest message a socket accepts: `transport.max_message_mb`, raised to the largest
         batch this config can make (every sequence max_model_len tokens long, 17 bytes a token:
         prompt or response id, logprob, version, loss-mask byte; 128 a sequence for its id, group,
-        reward, offsets and finish reason), so a batch is never refused for its size."""
+        reward, offsets and finish reason; a split agent episode up to env.max_turns sequences), so
+        a batch is never refused for its size."""
         sequences = self.trainer.batch_groups * self.sampling.group_size
+        if self.env is not None and self.env.agent is not None and self.env.on_rewrite == "split":
+            sequences *= self.env.max_turns  # a split episode is up to one sequence a call
         largest_batch = sequences * (17 * self.rollout.max_model_len + 128) + (64 << 10)
         return max(self.transport.max_message_mb << 20, largest_batch)
 

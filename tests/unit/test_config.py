@@ -128,3 +128,13 @@ def test_the_rollout_frontend_moves_every_thread_of_the_worker_and_names_missing
     assert out.strip() == "[1] [1] [1]"  # the process, a thread started before, one started after
     with pytest.raises(ConfigError, match=r"placement.rollout_frontend names CPU\(s\) \[4096\]"):
         check_placement(load_config(None, ["placement.rollout_frontend=[4096]"]))
+
+
+def test_a_batch_of_split_agent_episodes_fits_the_socket_limit():
+    """A split episode is up to one sequence per call, so the largest batch grows with env.max_turns."""
+    base = ["transport.max_message_mb=1", "env.max_turns=4"]
+    fail = load_config("configs/agent_calculator.yaml", base)
+    split = load_config("configs/agent_calculator.yaml", [*base, "env.on_rewrite=split"])
+    cfg = split
+    largest = cfg.trainer.batch_groups * cfg.sampling.group_size * 4 * (17 * cfg.rollout.max_model_len + 128)
+    assert split.message_limit_bytes >= largest > fail.message_limit_bytes

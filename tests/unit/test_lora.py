@@ -135,3 +135,10 @@ def test_merged_serving_deltas_are_peft_s_and_a_malformed_push_is_refused(learne
         LoRADeltas({n: t for n, t in pushed.items() if ".lora_B." not in n}, peft_config)
     with pytest.raises(ValueError, match="is not a lora_A or lora_B weight"):
         LoRADeltas({"model.layers.0.mlp.up_proj.weight": torch.zeros(2, 2)}, peft_config)
+
+
+def test_auto_serving_merges_for_float32_engines_and_keeps_the_adapter_apart_in_bfloat16():
+    """In bfloat16, base + B@A would round away updates below a bfloat16 step of the weight."""
+    assert load_config(None, LORA).trainer.lora.serve == "merged"
+    assert load_config(None, [*LORA, "model.dtype=bfloat16"]).trainer.lora.serve == "adapter"
+    assert load_config(None, [*LORA, "model.dtype=bfloat16", "trainer.lora.serve=merged"]).trainer.lora.serve == "merged"
