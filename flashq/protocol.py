@@ -290,13 +290,15 @@ class TrainBatch(Msg, tag="batch"):
     def sample_index(self) -> np.ndarray:
         """Which sample each sequence is part of (0, 1, ...): sequences with the request id of the
         one before them are further segments of its sample."""
-        ids = self.request_ids
-        new = [i == 0 or ids[i] != ids[i - 1] for i in range(len(ids))]
-        return np.cumsum(np.asarray(new, np.int64)) - 1
+        return np.cumsum(self._starts_sample(), dtype=np.int64) - 1
 
     def sample_starts(self) -> np.ndarray:
         """The first sequence of each sample."""
-        return np.flatnonzero(np.diff(self.sample_index(), prepend=-1))
+        return np.flatnonzero(self._starts_sample())
+
+    def _starts_sample(self) -> np.ndarray:
+        ids = self.request_ids
+        return np.asarray([i == 0 or ids[i] != ids[i - 1] for i in range(len(ids))], bool)
 
 
 class StepStats(Msg, tag="step_stats"):

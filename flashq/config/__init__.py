@@ -107,7 +107,7 @@ class FlashqConfig(Section):
         lora = self.trainer.lora
         if lora is not None and lora.serve == "auto":  # the resolved config.yaml shows which
             object.__setattr__(lora, "serve", "merged" if self.model.dtype == "float32" else "adapter")
-        if self.trainer.lora is not None and self.trainer.world_size > 1:
+        if lora is not None and self.trainer.world_size > 1:
             raise ValueError("trainer.lora runs on one trainer rank: set trainer.world_size 1 (sharding the frozen base "
                              "with FSDP2 under an adapter is not built yet)")
         gpus, want = self.placement.rollout_gpus, self.rollout.num_workers * self.rollout.tensor_parallel_size

