@@ -32,7 +32,7 @@ from flashq.checkpoint import step_dir
 from flashq.config import FlashqConfig
 from flashq.protocol import BatchRequest, Heartbeat, Regroup, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
-from flashq.trainer.parallel import broadcast_command
+from flashq.trainer.parallel import broadcast_command, leave
 from flashq.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.trainer")
@@ -241,6 +241,7 @@ class TrainerRole:
             return learner.save(step_dir(self.run_dir, payload, tmp=True) / "trainer", self.base_model)
         if kind != "stop":
             raise ValueError(f"unknown trainer step {kind!r}")
+        leave(learner.ranks)
 
     def _follow(self, learner) -> None:
         """Ranks other than 0: run each step rank 0 names (every one is a collective); no socket
@@ -259,6 +260,7 @@ class TrainerRole:
                 log.warning("rank %d: push %s broke off (%s); rank 0 retries it", learner.ranks.rank, payload, e)
         log.info("rank %d: done at version %d", learner.ranks.rank, learner.version)
         pusher.close()
+        leave(learner.ranks)
 
     def _checkpoint_due(self, version: int) -> bool:
         every = self.cfg.trainer.checkpoint_every

@@ -221,6 +221,15 @@ def barrier(ranks: Ranks) -> None:
         dist.barrier()
 
 
+def leave(ranks: Ranks) -> None:
+    """End of a sharded run, on every rank: a barrier, so no rank tears its group down while a
+    peer still has a collective in flight with it, then `destroy_process_group`, so gloo's worker
+    threads end here rather than during the interpreter's exit, where they can abort the process."""
+    if ranks.sharded and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def scalar(t: torch.Tensor) -> float:
     """A DTensor reduction (e.g. the gradient norm under FSDP) as a plain float."""
     full = getattr(t, "full_tensor", None)

@@ -35,6 +35,7 @@ def _batches(learner):
 def _rank_main(rank, port, model, batches, out):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from flashq.trainer.learner import Learner
+    from flashq.trainer.parallel import leave
 
     cfg = load_config(None, ["trainer.world_size=2", *OVERRIDES])
     torch.set_num_threads(1)
@@ -48,7 +49,7 @@ def _rank_main(rank, port, model, batches, out):
     resumed.save(Path(out) / "step2", model)
     if rank == 0:
         (Path(out) / "metrics.json").write_text(json.dumps([first, second]))
-    torch.distributed.destroy_process_group()
+    leave(resumed.ranks)
 
 
 @pytest.mark.slow
@@ -117,7 +118,7 @@ def _bf16_rank_main(rank, port, model, batch, out):
         changed = {n: float((masters[n] != before[n]).float().mean()) for n in masters}
         dtypes = sorted({str(t.dtype) for t in [*masters.values(), *[m.to_local() for m in moments]]})
         (Path(out) / "bf16.json").write_text(json.dumps({"loss": metrics["loss"], "changed": changed, "dtypes": dtypes, "computed": sorted(seen)}))
-    torch.distributed.destroy_process_group()
+    parallel.leave(learner.ranks)
 
 
 @pytest.mark.slow
