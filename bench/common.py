@@ -81,6 +81,17 @@ def write_result(name: str, results: list[dict] | dict, figures: dict, notes: st
     return path
 
 
+def keep_earlier(name: str, figures: dict) -> dict:
+    """`figures` with the figures of the result file it replaces appended to `figures["earlier"]`
+    (each with its commit, date and command), so a rerun never erases what was reported before."""
+    path = RESULTS / f"{name}.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    earlier = list((old.get("figures") or {}).pop("earlier", []))
+    if old.get("figures"):
+        earlier.append({**old["figures"], "git_commit": old.get("git_commit"), "date": old.get("date"), "command": old.get("command")})
+    return {**figures, "earlier": earlier}
+
+
 def print_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     """columns: (key, header, format spec)."""
     from rich.console import Console

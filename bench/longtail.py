@@ -6,14 +6,19 @@ weight sync), so every step's rollout is one phase: all of the step's requests a
 together and the step's makespan runs from the first request sent to the last response back.
 Tail time is the part of it after 90% of the step's responses were back (Seer's "last 10%").
 The request trace (`requests.jsonl`) gives both, per step; the table shows means over steps.
-With `--rounds N` the policies take turns N times, so a drifting host slows them alike.
-Divided rollout runs at several chunk sizes; the figures are the smallest one whose steps cost at
-most 5% over undivided (`pick_chunk`). A separate measurement gives the engine's share of a
-chunk's cost, with the prefix cache on and off (`chunk_overhead`).
+The policies take turns over `--rounds` rounds, so a drifting host slows them alike; the figures
+pool every round's steps and list each round's ratio beside them.
+
+The divided chunk size is chosen before the reported runs, on calibration runs of their own:
+context-aware scheduling undivided and divided at each of `--chunk`, once each, on other replayed
+lengths (`sampling.forced_lengths.seed` 2, against 1 for the reported runs). The smallest chunk
+whose steps cost at most 5% over undivided there (`pick_chunk`) is the one the reported runs use.
+A separate measurement gives the engine's share of a chunk's cost, with the prefix cache on and
+off (`chunk_overhead`).
 
     python bench/longtail.py                     # writes bench/results/longtail.json
     python bench/longtail.py --rounds 2 trainer.steps=6   # each policy twice, 5 measured steps a run
-    python bench/longtail.py --chunk 128 256     # divided rollout at these chunk sizes (default 64 128 256)
+    python bench/longtail.py --chunk 128 256     # calibrate the chunk over these sizes (default 64 128 256)
     python bench/longtail.py --overhead-only     # only the engine's share of what a chunk costs
 """
 
@@ -32,18 +37,24 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import print_table, write_result  # noqa: E402
+from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.lengths import forced_length  # noqa: E402
 
 CONFIG = ROOT / "bench" / "configs" / "sched.yaml"
 
 
-def policies(chunks: list[int]) -> list[tuple[str, list[str]]]:
-    out = [("fifo", ["rollout.scheduler=fifo"]), ("context_aware", ["rollout.scheduler=context_aware"])]
-    out += [(f"context_aware+divided/{c}", ["rollout.scheduler=context_aware", f"rollout.chunk_tokens={c}"]) for c in chunks]
-    out.append(("oracle", ["rollout.scheduler=oracle"]))
-    return out
+CALIBRATION = ["sampling.forced_lengths.seed=2"]  # other lengths than the reported runs' (seed 1)
+
+
+def divided(chunk: int) -> tuple[str, list[str]]:
+    return f"context_aware+divided/{chunk}", ["rollout.scheduler=context_aware", f"rollout.chunk_tokens={chunk}"]
+
+
+def policies(chunk: int) -> list[tuple[str, list[str]]]:
+    """The reported comparison, divided rollout at the calibrated chunk."""
+    return [("fifo", ["rollout.scheduler=fifo"]), ("context_aware", ["rollout.scheduler=context_aware"]), divided(chunk),
+            ("oracle", ["rollout.scheduler=oracle"])]
 
 
 def step_times(trace: list[dict]) -> list[dict]:
@@ -197,8 +208,8 @@ def chunk_overhead(chunks: list[int], extra: list[str], repeats: int = 3, length
 
 
 def pick_chunk(by_policy: dict[str, dict], chunks: list[int]) -> int:
-    """The smallest chunk (the finest re-balancing) whose runs' mean step makespan is within
-    CHUNK_BUDGET of undivided context-aware scheduling on the same steps; the largest if none is."""
+    """The smallest chunk (the finest re-balancing) whose calibration run's mean step makespan is
+    within CHUNK_BUDGET of undivided context-aware scheduling on the same steps; the largest if none is."""
     undivided = by_policy["context_aware"]["makespan_s"]
     cost = {c: by_policy[f"context_aware+divided/{c}"]["makespan_s"] / undivided for c in chunks}
     fits = [c for c in sorted(cost) if cost[c] <= CHUNK_BUDGET]
@@ -208,10 +219,10 @@ def pick_chunk(by_policy: dict[str, dict], chunks: list[int]) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunk", type=int, nargs="+", default=[64, 128, 256],
-                    help="divided rollout chunk sizes to run; the figures are the picked one's (pick_chunk)")
+                    help="divided rollout chunk sizes calibrated over; the reported runs use the picked one (pick_chunk)")
     ap.add_argument("--overhead-only", action="store_true", help="only measure the engine's share of a chunk's cost")
     ap.add_argument("--skip-first", type=int, default=1, help="steps left out of the means (engine warm-up)")
-    ap.add_argument("--rounds", type=int, default=1, help="runs of each policy, taking turns; their steps are pooled")
+    ap.add_argument("--rounds", type=int, default=3, help="reported runs of each policy, taking turns; their steps are pooled")
     ap.add_argument("--keep", type=Path, help="keep the run directories here (bench/sim.py reads them)")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = ap.parse_args()
@@ -228,16 +239,22 @@ def main() -> None:
     )
     if args.overhead_only:
         return
-    steps: dict[str, list[dict]] = {name: [] for name, _ in policies(chunks)}
     with tempfile.TemporaryDirectory(prefix="flashq-longtail-") as tmp:
-        for rnd in range(args.rounds):  # policies take turns, so the host's drift hits them alike
-            for name, policy in policies(chunks):
-                run_dir = (args.keep or Path(tmp)) / f"sched-{name.replace('/', '-').replace('+', '-')}-{rnd}"
-                measured = [{**s, "round": rnd} for s in run(name, policy, args.overrides, run_dir, args.skip_first)]
-                steps[name] += measured
-                row = summarize(name, measured)
-                print(f"round {rnd} {name}: makespan {row['makespan_s']:.2f}s, tail {row['tail_s']:.2f}s", flush=True)
-    rows = [summarize(name, s) for name, s in steps.items()]
+        root = args.keep or Path(tmp)
+
+        def measure(name: str, policy: list[str], extra: list[str], tag: str) -> dict:
+            run_dir = root / f"sched-{name.replace('/', '-').replace('+', '-')}-{tag}"
+            row = summarize(name, [{**s, "round": tag} for s in run(name, policy, [*args.overrides, *extra], run_dir, args.skip_first)])
+            print(f"{tag} {name}: makespan {row['makespan_s']:.2f}s, tail {row['tail_s']:.2f}s", flush=True)
+            return row
+
+        calibration = [measure(name, policy, CALIBRATION, "calibration")
+                       for name, policy in [("context_aware", ["rollout.scheduler=context_aware"]), *map(divided, chunks)]]
+        picked = pick_chunk({r["policy"]: r for r in calibration}, chunks)
+        print(f"picked chunk: {picked} tokens (the smallest whose calibration steps took at most {CHUNK_BUDGET:.2f}x undivided)")
+        by_round = [{name: measure(name, policy, [], f"round {rnd}") for name, policy in policies(picked)}
+                    for rnd in range(args.rounds)]  # policies take turns, so the host's drift hits them alike
+    rows = [summarize(name, [s for rnd in by_round for s in rnd[name]["per_step"]]) for name, _ in policies(picked)]
     by_policy = {r["policy"]: r for r in rows}
     fifo, oracle, undivided = by_policy["fifo"], by_policy["oracle"], by_policy["context_aware"]
     for r in rows:
@@ -254,23 +271,29 @@ def main() -> None:
     )
     (ROOT / "docs").mkdir(exist_ok=True)
     plot(rows, ROOT / "docs" / "longtail.png")
-    picked = pick_chunk(by_policy, chunks)
-    print(f"picked chunk: {picked} tokens (the smallest whose steps take at most {CHUNK_BUDGET:.2f}x undivided)")
-    divided = by_policy[f"context_aware+divided/{picked}"]
+    best = divided(picked)[0]
+    chosen = by_policy[best]
     figures = {
-        "tail_time_vs_fifo": divided["tail_vs_fifo"],
-        "makespan_vs_oracle": divided["makespan_vs_oracle"],
-        "makespan_vs_fifo": divided["makespan_vs_fifo"],
+        "tail_time_vs_fifo": chosen["tail_vs_fifo"],
+        "tail_time_vs_fifo_by_round": [rnd[best]["tail_s"] / rnd["fifo"]["tail_s"] for rnd in by_round],
+        "makespan_vs_oracle": chosen["makespan_vs_oracle"],
+        "makespan_vs_fifo": chosen["makespan_vs_fifo"],
+        "makespan_vs_fifo_by_round": [rnd[best]["makespan_s"] / rnd["fifo"]["makespan_s"] for rnd in by_round],
         "context_aware_tail_time_vs_fifo": undivided["tail_vs_fifo"],
+        "context_aware_tail_time_vs_fifo_by_round": [rnd["context_aware"]["tail_s"] / rnd["fifo"]["tail_s"] for rnd in by_round],
         "divided_chunk_tokens": picked,
-        "divided_makespan_vs_undivided": divided["makespan_s"] / undivided["makespan_s"],
+        "divided_makespan_vs_undivided": chosen["makespan_s"] / undivided["makespan_s"],
     }
     for cache in (True, False):  # the engine's share of that cost, and what the prefix cache saves of it
         figures[f"engine_chunk_overhead_{'with' if cache else 'without'}_prefix_cache"] = next(
             r["time_vs_whole"] for r in overhead if r["prefix_cache"] == cache and r["chunk_tokens"] == picked)
-    path = write_result("longtail", {"workload": wl, "runs": rows, "chunk_overhead": overhead}, figures,
+    calibrated = [{k: v for k, v in r.items() if k != "per_step"} for r in calibration]
+    path = write_result("longtail", {"workload": wl, "runs": rows, "calibration": calibrated, "chunk_overhead": overhead},
+                        keep_earlier("longtail", figures),
                         notes="Synchronous steps on the real engine; makespan from the first request sent to the last "
-                              "response back, per step; tail = makespan minus the time 90% of responses were back.")
+                              "response back, per step; tail = makespan minus the time 90% of responses were back. The "
+                              "chunk size was picked on calibration runs over other replayed lengths (results.calibration), "
+                              f"before the {args.rounds} reported rounds.")
     print(f"figures: {figures}\nwrote {path}")
 
 

