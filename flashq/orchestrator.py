@@ -28,7 +28,7 @@ from flashq.checkpoint import STATE_SCHEMA, GroupState, OrchestratorState
 from flashq.config import FlashqConfig
 from flashq.dispatch import LeastLoadedQueue
 from flashq.divided import DividedRollout
-from flashq.drafting import HISTORY_PROMPTS
+from flashq.drafting.drafter import HISTORY_PROMPTS
 from flashq.evaluation import Evaluator, episode_seed, is_eval
 from flashq.ledger import Ledger
 from flashq.lengths import LengthEstimates, forced_length, prompt_key

@@ -227,7 +227,7 @@ class RolloutConfig(Section):
     adaptive_drafts: bool = Field(
         True,
         description="grouped: draft only tokens likely enough to pay for their verification at the current batch size "
-        "(flashq.draft_budget); off: every draft token above draft_min_prob.",
+        "(flashq.drafting.budget); off: every draft token above draft_min_prob.",
     )
     draft_min_prob: float = Field(0.1, gt=0, le=1, description="grouped: least path probability of a draft token.")
     starvation_s: float = Field(60.0, gt=0, description="context_aware: a request waiting this long goes next.")
