@@ -26,15 +26,15 @@ import numpy as np
 from flashq.buffer import Group, GroupBuffer
 from flashq.checkpoint import STATE_SCHEMA, GroupState, OrchestratorState
 from flashq.config import FlashqConfig
-from flashq.dispatch import LeastLoadedQueue
-from flashq.divided import DividedRollout
 from flashq.drafting.drafter import HISTORY_PROMPTS
 from flashq.evaluation import Evaluator, episode_seed, is_eval
 from flashq.ledger import Ledger
-from flashq.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
-from flashq.scheduling import ContextAwareOrder, FifoOrder, OracleOrder
+from flashq.scheduling.dispatch import LeastLoadedQueue
+from flashq.scheduling.divided import DividedRollout
+from flashq.scheduling.lengths import LengthEstimates, forced_length, prompt_key
+from flashq.scheduling.order import ContextAwareOrder, FifoOrder, OracleOrder
 from flashq.staleness import Admission, StalenessGate
 
 log = logging.getLogger("flashq.orchestrator")
