@@ -27,7 +27,7 @@ from flashq.config import FlashqConfig
 from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.metrics import MetricsLog
 from flashq.trackers import make_trackers
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import (
     BatchRequest,
     Fatal,

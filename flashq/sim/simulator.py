@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from flashq.config import ConfigError, FlashqConfig
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 from flashq.sim.calibration import Calibration
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from flashq.config import ForcedLengths, load_config
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import GenerateRequest, Sample
 from flashq.scheduling.divided import DividedRollout
 from flashq.scheduling.lengths import LengthEstimates, forced_length
