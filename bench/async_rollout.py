@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
-from flashq.lengths import forced_length  # noqa: E402
+from flashq.scheduling.lengths import forced_length  # noqa: E402
 
 CONFIG = ROOT / "bench" / "configs" / "longtail.yaml"
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
-from flashq.lengths import forced_length  # noqa: E402
+from flashq.scheduling.lengths import forced_length  # noqa: E402
 
 CONFIG = ROOT / "bench" / "configs" / "sched.yaml"
 
@@ -154,7 +154,7 @@ def chunk_overhead(chunks: list[int], extra: list[str], repeats: int = 3, length
     import asyncio
     import time
 
-    from flashq.divided import DividedRollout
+    from flashq.scheduling.divided import DividedRollout
     from flashq.engine.vllm_engine import RolloutEngine
     from flashq.models.tiny import TinyModelSpec, ensure_tiny_model
     from flashq.protocol import GenerateRequest

@@ -49,8 +49,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from flashq.config import load_config
-from flashq.calibration import Calibration
-from flashq.sim import Simulation
+from flashq.sim.calibration import Calibration
+from flashq.sim.simulator import Simulation
 
 HBM_BYTES_PER_S, GPU_BYTES, FLOPS = 3.35e12, 80e9, 4e14
 VLLM_MEMORY_SHARE = 0.5  # veRL's default gpu_memory_utilization: rollout shares the GPUs with training

@@ -3,7 +3,7 @@
 Part 1, real runs: launches real flashq runs (vLLM engines, trainer, weight sync) on this machine
 in nine configurations that differ in async ratio, rollout workers, engine batch and scheduler,
 each repeated (`--repeats`: on this host a configuration's step time moved by up to 54% from one
-repeat to the next), fits the simulator's constants on five of them (flashq/calibration.py: their
+repeat to the next), fits the simulator's constants on five of them (flashq/sim/calibration.py: their
 mean step times and, from their request traces, each engine's tokens per busy second), then
 simulates every configuration from its resolved config and compares predicted with measured
 seconds per trainer step, the mean of its repeats; four are held out.
@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.metrics import read_metrics  # noqa: E402
-from flashq.calibration import Calibration, measured_mean, measured_step_s, simulated_step_s  # noqa: E402
-from flashq.sim import Simulation  # noqa: E402
+from flashq.sim.calibration import Calibration, measured_mean, measured_step_s, simulated_step_s  # noqa: E402
+from flashq.sim.simulator import Simulation  # noqa: E402
 
 ASYNC = ROOT / "bench" / "configs" / "longtail.yaml"  # 2 workers sharing one core, engine batch up to 256
 SCHED = ROOT / "bench" / "configs" / "sched.yaml"  # synchronous, 2 workers with batch 8, heavy tail

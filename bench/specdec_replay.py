@@ -3,7 +3,7 @@
 Records real rollouts first: the calculator environment's first turn (a tool call of about 80
 tokens) sampled at temperature 1 by the tiny model after SFT (`flashq sft` on
 configs/agentic_calculator.yaml, built here if missing), n = 8 responses per prompt, the same
-prompts in two epochs. Then decodes them again with drafts (`flashq.drafting.replay`), siblings
+prompts in two epochs. Then decodes them again with drafts (`flashq.drafting.drafter.replay`), siblings
 in lock step and each sibling's tokens revealed only as they are generated, side by side:
 - no drafts;
 - own: drafts from the request's own prompt and output only (prompt lookup, the part of
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
-from flashq.drafting import GroupedDrafter, replay  # noqa: E402
+from flashq.drafting.drafter import GroupedDrafter, replay  # noqa: E402
 from flashq.envs.calculator import CalculatorMathEnv  # noqa: E402
 
 CONFIG = ROOT / "configs" / "agentic_calculator.yaml"

@@ -3,7 +3,7 @@
   flashq launch FILE [key=value ...] [--dry-run]   start every role of a run on this machine
   flashq sft FILE [key=value ...]                   supervised warm start; prints the checkpoint
   flashq role NAME --config FILE --connect ADDR     start one role (what a multi-host run uses)
-  flashq sim FILE [key=value ...] --grid K=A,B      predict step time and throughput (flashq/sim.py)
+  flashq sim FILE [key=value ...] --grid K=A,B      predict step time and throughput (flashq/sim/simulator.py)
 
 Heavy modules (torch, vLLM) are imported only by the role that needs them, after parsing.
 """
@@ -129,8 +129,8 @@ def _sim(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flashq.calibration import Calibration
-    from flashq.sim import sweep
+    from flashq.sim.calibration import Calibration
+    from flashq.sim.simulator import sweep
 
     if args.fit:
         if not args.calibration:

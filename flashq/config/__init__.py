@@ -31,9 +31,6 @@ from flashq.config.sections import (  # noqa: F401 - the sections are part of th
     SamplingConfig,
     RolloutConfig,
     RewardConfig,
-    LossConfig,
-    LoRAConfig,
-    TrainerConfig,
     WeightSyncConfig,
     TransportConfig,
     SFTConfig,
@@ -43,6 +40,7 @@ from flashq.config.sections import (  # noqa: F401 - the sections are part of th
     RayConfig,
     FaultConfig,
 )
+from flashq.config.training import LoRAConfig, LossConfig, TrainerConfig  # noqa: F401 - as above
 
 
 class FlashqConfig(Section):

@@ -3,7 +3,7 @@
 vLLM builds a `SuffixDecodingProposer` for `speculative_config={"method": "suffix"}` and hands it
 the input batch every step: request ids, prompts and the tokens each request just emitted. The
 flashq plugin (`vllm_plugin.register`, when `FLASHQ_SPECULATION=grouped`) puts this class in its
-place, so the drafts come from `flashq.drafting.GroupedDrafter`: siblings of the same prompt (one
+place, so the drafts come from `flashq.drafting.drafter.GroupedDrafter`: siblings of the same prompt (one
 group per distinct prompt, as prompt replication makes them), the prompt's responses in earlier
 epochs, and the request's own prompt and output. How far each draft goes is `DraftBudget`'s
 call, from the batch size and the step cost measured here between calls (flashq's settings
@@ -19,7 +19,7 @@ from collections import Counter
 
 import numpy as np
 
-from flashq.draft_budget import DraftBudget
+from flashq.drafting.budget import DraftBudget
 
 STATS = ("calls", "drafting_s", "step_fixed_s", "step_per_token_s")  # in the file FLASHQ_DRAFT_STATS names
 
@@ -38,7 +38,7 @@ class GroupedSuffixProposer:
         # Imported here, not at the top: the plugin loads this module before vLLM's worker scans
         # every loaded module for Triton kernels, and that scan trips over llvmlite's objects
         # (numba's, which the drafter's index is compiled with).
-        from flashq.drafting import GroupedDrafter
+        from flashq.drafting.drafter import GroupedDrafter
 
         config = vllm_config.speculative_config
         self.num_speculative_tokens = config.num_speculative_tokens

@@ -2,7 +2,8 @@
 
 It owns the `Orchestrator` (prompt source, staleness gate, dispatch, sample buffer) and does the
 process-facing work around it: the startup handshake, fanning weight-sync calls out to every
-rollout worker, liveness, per-step metrics, and the final books (`ledger.json`).
+rollout worker, liveness, per-step metrics (`coordinator_metrics`), and the final books
+(`ledger.json`).
 
 Workers may die and come back (`fault.restart_workers`): a dead one's work is re-queued to the
 others at once; a restarted one says hello again and takes work once it serves the current
@@ -27,7 +28,7 @@ from flashq.config import FlashqConfig
 from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.metrics import MetricsLog
 from flashq.trackers import make_trackers
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import (
     BatchRequest,
     Fatal,
@@ -45,6 +46,7 @@ from flashq.protocol import (
     WorkerStats,
 )
 from flashq.roles.common import resolve_model
+from flashq.roles.coordinator_metrics import StepMetrics
 from flashq.transport import Hub, PeerLost
 
 log = logging.getLogger("flashq.coordinator")
@@ -70,7 +72,7 @@ class PendingSync:
     started: float = field(default_factory=time.monotonic)
 
 
-class Coordinator:
+class Coordinator(StepMetrics):
     def __init__(self, cfg: FlashqConfig, address: str, run_dir: Path):
         self.cfg = cfg
         self.address = address
@@ -441,106 +443,6 @@ class Coordinator:
                 pass
 
     # ------------------------------------------------------------ observability
-
-    def _log_step(self, stats: StepStats) -> None:
-        now = time.monotonic()
-        step_s, self.last_step_at = now - self.last_step_at, now
-        rec = dict(stats.metrics)
-        rec.update(self.orch.queue_depths())
-        rec.update(self._rates(step_s))
-        rec["time/step_s"] = step_s
-        rec["time/elapsed_s"] = now - self.started
-        rec["time/since_generation_s"] = now - self.generation_started
-        rec["rollout/tokens_total"] = float(self.orch.ledger.tokens_received)
-        rec["trainer/idle_share"] = min(1.0, stats.metrics.get("trainer/wait_s", 0.0) / max(step_s, 1e-9))
-        rec["engine_version"] = float(self.orch.engine_version)
-        rec["groups_admitted"] = float(self.orch.ledger.groups_admitted)
-        # every sample scored since the last step, trained or not: the rollout policy's own reward
-        # (the trainer's reward/mean covers what it trained, which dynamic sampling selects)
-        books = self.orch.ledger
-        rec["samples_scored_total"] = float(books.rewards_received)
-        scored = books.rewards_received - self.prev_scored[0]
-        if scored:
-            rec["reward/scored_mean"] = (books.reward_sum - self.prev_scored[1]) / scored
-        self.prev_scored = (books.rewards_received, books.reward_sum)
-        if self.cfg.trainer.dynamic_sampling:
-            dropped = self.orch.ledger.groups_dropped
-            rec["dynamic_sampling/groups_dropped_total"] = float(dropped)
-            rec["dynamic_sampling/groups_dropped"] = float(dropped - self.prev_dropped)
-            self.prev_dropped = dropped
-        rec["rejected_frames"] = float(sum(self.hub.rejected.values()))
-        rec["rollout/requests_failed_total"] = float(books.requests_failed)
-        rec["rollout/requests_quarantined_total"] = float(books.requests_quarantined)
-        if self.orch.episodes is not None:
-            books = self.orch.ledger
-            rec["episodes/kept_total"] = float(books.samples_received)
-            rec["episodes/failed_total"] = float(books.episodes_failed)
-            rec["episodes/discarded_total"] = float(books.episodes_discarded + books.episodes_withdrawn)
-            rec["episodes/per_s"] = books.samples_received / max(now - self.generation_started, 1e-9)
-            for peer, worker in self.worker_stats.items():
-                if "env_s" in worker:
-                    rec[f"rollout/env_s_total/{peer}"] = worker["env_s"]
-        self.metrics.write(stats.step, rec)
-        every = self.cfg.log.progress_every or max(1, self.cfg.trainer.steps // 40)
-        if stats.step % every and stats.step not in (1, self.cfg.trainer.steps):
-            return
-        log.info(
-            "step %d/%d  reward %.3f  staleness %s  %.0f tok/s  rollout idle %.0f%%",
-            stats.step, self.cfg.trainer.steps, rec.get("reward/mean", 0.0),
-            [int(rec[k]) for k in sorted(rec) if k.startswith("hist/staleness/")],
-            rec.get("rollout/tokens_per_s", 0.0), 100 * rec.get("rollout/idle_share", 0.0),
-        )
-
-    def _rates(self, step_s: float) -> dict[str, float]:
-        """Per-step tokens/s and idle shares, from the dispatcher's own view of each worker
-        (idle = nothing in flight on it)."""
-        tokens = self.orch.ledger.tokens_received
-        out = {"rollout/tokens_per_s": (tokens - self.prev_tokens) / max(step_s, 1e-9)}
-        self.prev_tokens = tokens
-        for kind, queue in (("rollout", self.orch.gen_queue), ("reward", self.orch.score_queue)):
-            shares = []
-            for worker, clock in queue.clocks.items():
-                busy, idle = clock.snapshot()
-                prev_busy, prev_idle = self.prev_clock.get(worker, (0.0, 0.0))
-                span = (busy - prev_busy) + (idle - prev_idle)
-                share = (idle - prev_idle) / span if span > 0 else 0.0
-                out[f"{kind}/idle_share/{worker}"] = share
-                shares.append(share)
-                self.prev_clock[worker] = (busy, idle)
-            out[f"{kind}/idle_share"] = sum(shares) / len(shares)
-            for worker, clock in queue.clocks.items():  # cumulative, for whole-run averages
-                out[f"{kind}/busy_s_total/{worker}"] = clock.busy_s
-                out[f"{kind}/idle_s_total/{worker}"] = clock.idle_s
-                out[f"{kind}/load_s_total/{worker}"] = clock.load_s
-        for worker, tokens in self.orch.worker_tokens.items():
-            out[f"rollout/tokens_total/{worker}"] = float(tokens)
-        for peer, stats in self.worker_stats.items():
-            if "weight_sync_s" in stats:
-                out[f"rollout/weight_sync_s/{peer}"] = stats["weight_sync_s"]
-            if "spec_drafting_s" in stats:
-                out[f"spec/drafting_s_total/{peer}"] = stats["spec_drafting_s"]
-        out.update(self._speculation())
-        return out
-
-    def _speculation(self) -> dict[str, float]:
-        """Acceptance since the last step, from the rollout workers' vLLM counters: mean tokens per
-        verification step that had a draft (the bonus token included), and the share of draft
-        tokens accepted. A restarted worker's counters start again from zero."""
-        drafts = draft_tokens = accepted = 0.0
-        for peer, stats in self.worker_stats.items():
-            if "spec_drafts" not in stats:
-                continue
-            now = (stats["spec_drafts"], stats["spec_draft_tokens"], stats["spec_accepted_tokens"])
-            before = self.prev_spec.get(peer, (0.0, 0.0, 0.0))
-            if now[0] < before[0]:
-                before = (0.0, 0.0, 0.0)
-            drafts += now[0] - before[0]
-            draft_tokens += now[1] - before[1]
-            accepted += now[2] - before[2]
-            self.prev_spec[peer] = now
-        if not drafts:
-            return {}
-        return {"spec/acceptance_length": 1 + accepted / drafts, "spec/draft_acceptance_rate": accepted / max(draft_tokens, 1.0)}
 
     def _write_ledger(self) -> None:
         if not hasattr(self, "orch"):

@@ -163,7 +163,7 @@ def test_context_aware_divided_rollout_on_real_engines_keeps_the_books(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:]
     check_books(tmp_path, alpha=1, steps=4)
     from flashq.config import load_config
-    from flashq.lengths import forced_length
+    from flashq.scheduling.lengths import forced_length
 
     fl = load_config(tmp_path / "config.yaml").sampling.forced_lengths
     trace = read_jsonl(tmp_path / "requests.jsonl")

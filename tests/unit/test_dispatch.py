@@ -1,6 +1,6 @@
 import pytest
 
-from flashq.dispatch import LeastLoadedQueue
+from flashq.scheduling.dispatch import LeastLoadedQueue
 
 
 def test_least_loaded_worker_gets_each_request_under_a_cap():

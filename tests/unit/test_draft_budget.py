@@ -3,7 +3,7 @@ step-cost model it rests on is fitted from observed steps."""
 
 import pytest
 
-from flashq.draft_budget import DraftBudget
+from flashq.drafting.budget import DraftBudget
 
 
 def test_drafts_need_more_certainty_as_the_batch_grows():

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from flashq.drafting import GroupedDrafter, MatchIndex, replay
-from flashq.match_index import MAX_MATCHES
+from flashq.drafting.drafter import GroupedDrafter, MatchIndex, replay
+from flashq.drafting.match_index import MAX_MATCHES
 
 
 def test_match_index_follows_the_most_frequent_continuation():

@@ -11,7 +11,7 @@ from flashq.config import ConfigError, load_config
 from flashq.data import evaluation_tasks, training_tasks
 from flashq.data.holdout import is_held_out
 from flashq.evaluation import is_eval, pass_at_k
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import GenerateRequest, RewardResult, ScoreRequest, TrainBatch
 from tests.unit.test_orchestrator import Tasks, drain, finish, play
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from flashq.config import load_config
-from flashq.lengths import forced_length
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import EpisodeRequest, GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
+from flashq.scheduling.lengths import forced_length
 
 
 class Tasks:

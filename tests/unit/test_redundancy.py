@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from flashq.config import load_config
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import Cancel, EpisodeRequest, Sample
 from flashq.redundancy import RedundantGroups
 

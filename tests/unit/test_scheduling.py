@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from flashq.config import ForcedLengths, load_config
-from flashq.divided import DividedRollout
-from flashq.lengths import LengthEstimates, forced_length
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import GenerateRequest, Sample
-from flashq.scheduling import ContextAwareOrder, FifoOrder, OracleOrder
+from flashq.scheduling.divided import DividedRollout
+from flashq.scheduling.lengths import LengthEstimates, forced_length
+from flashq.scheduling.order import ContextAwareOrder, FifoOrder, OracleOrder
 
 
 def req(gid, k, generated=0, max_tokens=100):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from flashq.config import ConfigError, load_config
-from flashq.calibration import Calibration, simulated_step_s
-from flashq.sim import Simulation, sweep
+from flashq.sim.calibration import Calibration, simulated_step_s
+from flashq.sim.simulator import Simulation, sweep
 
 LONGTAIL = ["sampling.forced_lengths={median: 32, sigma: 1.3, min: 4, max: 1024}", "sampling.max_tokens=1024",
             "rollout.max_model_len=1152", "rollout.num_workers=2", "trainer.batch_groups=8", "trainer.steps=12"]
@@ -150,7 +150,7 @@ def test_engine_rates_count_tokens_over_busy_time_inside_the_steady_window(tmp_p
     """Between the first and last trainer step (t = 10 .. 30): worker a is busy 10-20 (two
     overlapping responses, counted once) and generates 100 + 50 tokens there; worker b's response
     runs 0-20, so only its half inside the window counts."""
-    from flashq.calibration import measured_engine_rates
+    from flashq.sim.calibration import measured_engine_rates
 
     (tmp_path / "metrics.jsonl").write_text("".join(
         json.dumps({"kind": "step", "step": i, "time/since_generation_s": t}) + "\n" for i, t in ((1, 10.0), (2, 30.0))))
@@ -165,7 +165,7 @@ def test_engine_rates_count_tokens_over_busy_time_inside_the_steady_window(tmp_p
 def test_runs_of_one_configuration_are_its_repeats_and_measured_by_their_mean(tmp_path):
     """a1 and a2 differ only in their log section (their run dirs): repeats, whose step times
     (2 s, 3 s) and engine rates (50, 100 tokens per busy second) are averaged; b is its own."""
-    from flashq.calibration import configurations, measured_mean
+    from flashq.sim.calibration import configurations, measured_mean
     from flashq.config import dump_config
 
     for name, alpha, step_s, tokens, busy in (("a1", 0, 2.0, 100, 2.0), ("b", 2, 1.0, 0, 0.0), ("a2", 0, 3.0, 400, 4.0)):

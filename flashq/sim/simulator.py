@@ -28,7 +28,7 @@ around it:
   with k > c each step also waits switch_s * (k - c) / c for its turn on a core: an engine's step
   is a hand-off between its processes, each of which, when the core is taken, waits out another
   engine's time slice, so short steps (small batches) lose the most.
-`Calibration.fit` (flashq/calibration.py) fits those constants to real flashq runs. Output lengths come
+`Calibration.fit` (flashq/sim/calibration.py) fits those constants to real flashq runs. Output lengths come
 from `sampling.forced_lengths` (the length distribution a user plans for).
 """
 
@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from flashq.calibration import Calibration
 from flashq.config import ConfigError, FlashqConfig
-from flashq.orchestrator import Orchestrator
+from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
+from flashq.sim.calibration import Calibration
 
 
 class _SharedCores:

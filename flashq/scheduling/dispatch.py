@@ -2,7 +2,7 @@
 
 Used twice by the coordinator: generation requests over rollout workers and score requests over
 reward workers. Each worker has a cap on requests in flight; a request waits until a worker has
-room (per-request dispatch, not per-batch), in the order `flashq.scheduling` keeps (FIFO unless
+room (per-request dispatch, not per-batch), in the order `flashq.scheduling.order` keeps (FIFO unless
 configured). Replicas of one prompt are independent requests, so they spread over workers when
 that is where the room is, unless `affinity` names a key (the group id) whose requests should
 stay on one worker while it has room: siblings then share that engine's prefix cache and drafts,
@@ -18,7 +18,7 @@ from collections import OrderedDict
 from typing import Callable, Generic, TypeVar
 
 from flashq.metrics import BusyClock
-from flashq.scheduling import FifoOrder, WaitingOrder
+from flashq.scheduling.order import FifoOrder, WaitingOrder
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Draft tokens from what sibling responses and earlier epochs already said (Seer, RhymeRL).
 
-`GroupedDrafter` keeps one `MatchIndex` (flashq.match_index: where each short n-gram occurred,
+`GroupedDrafter` keeps one `MatchIndex` (flashq.drafting.match_index: where each short n-gram occurred,
 and the most probable continuation from there) per group (every sibling's prompt tail and
 accepted tokens, the request's own output among them), one per prompt over its responses in
 earlier epochs (the last `history_epochs`), one over the latest responses to any prompt (what
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flashq.match_index import MatchIndex
+from flashq.drafting.match_index import MatchIndex
 
 PROMPT_TAIL = 4  # prompt tokens put before each response in the shared indexes
 _NONE = np.empty(0, np.int32)

@@ -11,6 +11,7 @@ The path of one sample through here:
      all equal is dropped instead, and its admission goes to a new prompt.
 Every method returns nothing; messages to send accumulate in `outbox` as (peer, message).
 The `Ledger` counts every sample at every stage, so none is lost or trained twice unseen.
+Environment episodes take another path (`episodes`); checkpoints are `snapshot`'s.
 """
 
 from __future__ import annotations
@@ -24,28 +25,24 @@ from typing import Callable
 import numpy as np
 
 from flashq.buffer import Group, GroupBuffer
-from flashq.checkpoint import STATE_SCHEMA, GroupState, OrchestratorState
 from flashq.config import FlashqConfig
-from flashq.dispatch import LeastLoadedQueue
-from flashq.divided import DividedRollout
-from flashq.drafting import HISTORY_PROMPTS
+from flashq.drafting.drafter import HISTORY_PROMPTS
 from flashq.evaluation import Evaluator, episode_seed, is_eval
 from flashq.ledger import Ledger
-from flashq.lengths import LengthEstimates, forced_length, prompt_key
-from flashq.protocol import Cancel, EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
+from flashq.orchestrator.episodes import EpisodeEvents
+from flashq.orchestrator.snapshot import Snapshots
+from flashq.protocol import EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
-from flashq.scheduling import ContextAwareOrder, FifoOrder, OracleOrder
-from flashq.staleness import Admission, StalenessGate
+from flashq.scheduling.dispatch import LeastLoadedQueue
+from flashq.scheduling.divided import DividedRollout
+from flashq.scheduling.lengths import LengthEstimates, forced_length, prompt_key
+from flashq.scheduling.order import ContextAwareOrder, FifoOrder, OracleOrder
+from flashq.staleness import StalenessGate
 
 log = logging.getLogger("flashq.orchestrator")
 
 
-def episode_failed(sample: Sample) -> bool:
-    """An episode that raised, was cut off, or ended without the environment's reward."""
-    return sample.finish_reason in ("error", "abort") or sample.env_reward is None
-
-
-class Orchestrator:
+class Orchestrator(EpisodeEvents, Snapshots):
     def __init__(
         self,
         cfg: FlashqConfig,
@@ -200,23 +197,6 @@ class Orchestrator:
         if group.complete:
             self._on_group_complete(group)
 
-    def _on_eval_episode(self, sample: Sample) -> None:
-        """A held-out episode: its environment's reward is its score (no reward worker); one that
-        failed is lost to its round rather than scored 0."""
-        rid, gid = sample.request_id, sample.group_id
-        self.ledger.eval_samples_received += 1
-        self.request_sent_at.pop(rid, None)
-        if episode_failed(sample):
-            log.warning("evaluation episode %s failed: %s", rid, sample.error or sample.finish_reason)
-            record, prompt_done = self.evaluator.on_lost(rid)
-        else:
-            _, prompt_done = self.evaluator.on_sample(sample)
-            self.ledger.eval_rewards_received += 1
-            record = self.evaluator.on_reward(RewardResult(rid, float(sample.env_reward)))
-        if prompt_done:
-            self._generation_done(gid)
-        self._file_eval(record)
-
     def _generation_done(self, group_id: str) -> None:
         """A group (or an evaluation prompt) needs no more generation: its lengths become
         history, and the queue forgets its worker affinity."""
@@ -248,51 +228,6 @@ class Orchestrator:
             raise KeyError(f"sample {rid}: its group already holds it")
         if isinstance(request, GenerateRequest) and len(sample.token_ids) > request.max_tokens:
             raise ValueError(f"sample {rid} has {len(sample.token_ids)} tokens; at most {request.max_tokens} were asked")
-
-    def _on_episode(self, worker: str, sample: Sample) -> None:
-        """An episode's sample: keep it (the environment scored it), or discard it (its group is
-        full), or replace it (it failed); once the group is full, cancel its other episodes."""
-        gid, rid = sample.group_id, sample.request_id
-        cancelled = rid in self.cancelled
-        self.cancelled.discard(rid)
-        failed = not cancelled and episode_failed(sample)
-        verdict = self.episodes.on_result(gid, rid, failed)
-        if verdict == "failed":
-            self.ledger.episodes_failed += 1
-            log.warning("episode %s on %s failed: %s", rid, worker, sample.error or sample.finish_reason)
-            if self.cfg.env.on_failure == "fail":
-                raise RuntimeError(f"episode {rid} failed ({sample.error or sample.finish_reason}) and env.on_failure is 'fail'")
-            for new in self.episodes.replacements(gid):
-                self.gen_queue.submit(self._episode_request(gid, new, self.buffer.groups[gid].task))
-        elif verdict == "discard":
-            self.ledger.episodes_discarded += 1
-        else:
-            group = self.buffer.add_sample(sample)
-            self.ledger.samples_received += 1
-            self.ledger.tokens_received += len(sample.token_ids)
-            self.finished_requests.append({
-                "request_id": rid, "admitted_version": group.admission.version, "worker": worker,
-                "sent": self.request_sent_at.pop(rid, None), "finished": self.clock(), "tokens": len(sample.token_ids),
-                "turns": sample.turns, "env_s": sample.env_seconds,
-            })
-            group = self.buffer.add_reward(gid, RewardResult(rid, float(sample.env_reward)))
-            self.ledger.rewards_received += 1
-            self.ledger.reward_sum += float(sample.env_reward)
-            if self.episodes.is_full(gid):
-                for withdrawn in self.gen_queue.withdraw(gid):
-                    self.episodes.on_result(gid, withdrawn.request_id, failed=False)
-                    self.ledger.episodes_withdrawn += 1
-                by_worker: dict[str, list[str]] = {}
-                for other in self.episodes.to_cancel(gid):
-                    by_worker.setdefault(self.request_worker[other], []).append(other)
-                for w, ids in by_worker.items():
-                    self.cancelled.update(ids)
-                    self.outbox.append((w, Cancel(ids, reason=f"group {gid} is full")))
-            if group.complete:
-                self._on_group_complete(group)
-        self.request_sent_at.pop(rid, None)
-        if self.episodes.finished(gid):
-            self.gen_queue.forget(gid)
 
     def on_reward(self, peer: str, result: RewardResult) -> None:
         worker = self.score_worker.get(result.request_id)
@@ -493,22 +428,6 @@ class Orchestrator:
             for k in range(n):
                 self.gen_queue.submit(self._request(gid, k, prompt_ids))
 
-    def _admit_episodes(self, task: dict) -> None:
-        gid = f"g{self.next_group}"
-        self.next_group += 1
-        task = {**task, "seed": task.get("seed", (self.cfg.task.seed * 1_000_003 + self.next_task - 1) % 2**31)}
-        admission = self.gate.admit(gid, self.engine_version)
-        n = self.cfg.sampling.group_size
-        self.buffer.add_group(Group(task=task, prompt_ids=np.zeros(0, np.int32), size=n, admission=admission))
-        self.ledger.groups_admitted += 1
-        for rid in self.episodes.start(gid, n):
-            self.gen_queue.submit(self._episode_request(gid, rid, task))
-
-    def _episode_request(self, gid: str, rid: str, task: dict) -> EpisodeRequest:
-        s = self.cfg.sampling
-        return EpisodeRequest(request_id=rid, group_id=gid, task=task, seed=int(task["seed"]), max_tokens=s.max_tokens,
-                              temperature=s.temperature, top_p=s.top_p)
-
     def _affinity(self):
         """What keeps requests on one worker: nothing, the group, or (grouped speculation) the
         prompt, whose home then outlives its groups so the next epoch finds its history there."""
@@ -560,76 +479,6 @@ class Orchestrator:
             self.ledger.batches_sent += 1
             self.ledger.samples_batched += sum(len(g.samples) for g in groups)  # not sequences: a split episode is several
             self.outbox.append((self.trainer, batch))
-
-    # ------------------------------------------------------------ checkpoints
-
-    def snapshot(self, version: int) -> OrchestratorState:
-        """State at the moment the trainer reached `version`: groups batched for later steps
-        (possibly already at the trainer) count as not trained."""
-        groups = list(self.buffer.groups.values())
-        for index in sorted(self.batch_groups):
-            if index >= version:
-                groups += self.batch_groups[index]
-        return OrchestratorState(
-            schema=STATE_SCHEMA,
-            version=version,
-            next_task=self.next_task,
-            next_group=self.next_group,
-            admitted=self.gate.admitted,
-            groups=[
-                GroupState(
-                    group_id=g.admission.group_id,
-                    task=g.task,
-                    prompt_ids=g.prompt_ids,
-                    size=g.size,
-                    admitted_version=g.admission.version,
-                    deadline=g.admission.deadline,
-                    samples=list(g.samples.values()),
-                    rewards=list(g.rewards.values()),
-                )
-                for g in groups
-            ],
-            # not dataclasses.asdict: it rebuilds a Counter from its items, turning (key, count) into keys
-            ledger={k: dict(v) if isinstance(v, Counter) else v for k, v in vars(self.ledger).items()},
-        )
-
-    def restore(self, state: OrchestratorState) -> None:
-        """Continue from a snapshot: reuse every sample and score it holds, generate again what
-        was in flight, score again what was not scored. Generation waits for the engines to
-        be given the checkpoint's weights (`on_weights_served(state.version)`)."""
-        self.next_task, self.next_group = state.next_task, state.next_group
-        self.engine_version = self.trained_version = state.version
-        self.generation_paused = True
-        self.gate.admitted = state.admitted
-        self.gate.next_batch = state.version
-        for key, value in state.ledger.items():
-            setattr(self.ledger, key, Counter(value) if isinstance(value, dict) else value)
-        self.ledger.samples_batched = self.ledger.samples_trained
-        self.ledger.batches_sent = state.version
-        self.ledger.requests_sent = self.ledger.samples_received + self.ledger.episodes_discarded + self.ledger.episodes_failed
-        for gs in state.groups:
-            admission = Admission(gs.group_id, gs.admitted_version, gs.deadline)
-            group = Group(task=gs.task, prompt_ids=gs.prompt_ids, size=gs.size, admission=admission)
-            group.samples = {s.request_id: s for s in gs.samples}
-            group.rewards = {r.request_id: r for r in gs.rewards}
-            self.buffer.add_group(group)
-            self.gate.pending[gs.group_id] = gs.deadline
-            if group.complete:
-                self.buffer.complete.add(gs.group_id)
-            if self.episodes is not None:  # episodes: start afresh what the group still needs
-                self.episodes.resume(gs.group_id, gs.size, [s.request_id for s in gs.samples])
-                for rid in self.episodes.replacements(gs.group_id):
-                    self.gen_queue.submit(self._episode_request(gs.group_id, rid, gs.task))
-                continue
-            self.lengths.add_group(gs.group_id, gs.prompt_ids)
-            for sample in gs.samples:
-                self.lengths.observe(gs.group_id, len(sample.token_ids), finished=True)
-            for k in range(gs.size):
-                rid = f"{gs.group_id}/{k}"
-                if rid not in group.samples:
-                    self.gen_queue.submit(self._request(gs.group_id, k, gs.prompt_ids))
-                elif rid not in group.rewards:
-                    self.score_queue.submit(ScoreRequest(sample=group.samples[rid], task=group.task))
 
     # ------------------------------------------------------------ observability
 

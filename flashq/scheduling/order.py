@@ -22,8 +22,8 @@ import time
 from collections import deque
 from typing import Callable, Protocol
 
-from flashq.lengths import LengthEstimates
 from flashq.protocol import GenerateRequest
+from flashq.scheduling.lengths import LengthEstimates
 
 
 class WaitingOrder(Protocol):

@@ -194,7 +194,7 @@ FIT_START = (2.08e-3, 4.6e-5, 1.8e-3, 1.41, 1.18, 1e-3)
 
 def fit_engine(cal: Calibration, run_dirs: list[Path], starts: int = 4, evaluations: int = 160) -> Calibration:
     from flashq.config import load_config
-    from flashq.sim import Simulation
+    from flashq.sim.simulator import Simulation
 
     runs = [(load_config(repeats[0] / "config.yaml"), *measured_mean(repeats)) for repeats in configurations(run_dirs)]
 

@@ -1,0 +1,182 @@
+"""How one batch is laid out for the forward passes: minibatches (one optimizer step each),
+each rank's share of them, and micro-batches that keep the tokens a forward computes under
+`trainer.micro_batch_tokens`, as padded rows, packed rows or shared prompt passes.
+
+A part of `Learner` (flashq.trainer.learner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flashq.protocol import TrainBatch
+from flashq.trainer import parallel
+from flashq.trainer.packing import PackedRows, first_fit_rows, pack
+from flashq.trainer.shared_prompts import SharedPromptRows, distinct_prompts, layout
+
+
+@dataclass
+class MicroBatch:
+    """One row per sequence for the loss; the forward runs on `packed` rows when packing, and
+    on `shared` prompt and response passes when prompts are shared (then the loss's rows hold
+    the responses alone: [S, R], column t for response token t)."""
+
+    ids: torch.Tensor | None  # [S, T] padded (None when packed or shared)
+    attn: torch.Tensor | None
+    mask: torch.Tensor  # [S, T-1], 1 on response tokens
+    behav: torch.Tensor  # behaviour logprobs, aligned with mask
+    adv: torch.Tensor  # [S]
+    tokens: int  # real tokens the forward computes (prompts and responses)
+    packed: PackedRows | None = None
+    prox: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    shared: SharedPromptRows | None = None
+
+    @property
+    def computed_tokens(self) -> int:
+        if self.shared is not None:
+            return self.shared.computed_tokens
+        return self.packed.computed_tokens if self.packed is not None else int(self.ids.numel())
+
+
+class MicroBatching:
+    def _minibatches(self, n_seq: int) -> list[np.ndarray]:
+        k = min(self.cfg.trainer.minibatches, max(n_seq, 1))
+        return [part for part in np.array_split(np.arange(n_seq), k) if len(part)]
+
+    def _rank_micro_batches(self, batch: TrainBatch, indices: np.ndarray, adv: torch.Tensor) -> list[MicroBatch]:
+        """This rank's micro-batches of a minibatch. Every rank runs the same number of forward
+        and backward passes (FSDP's collectives pair up), so a rank with fewer pads with a
+        micro-batch whose loss mask is empty."""
+        lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
+        if not self.ranks.sharded:
+            return [self._micro(batch, chunk, adv, int(lens[indices].max())) for chunk in self._micro_batches(batch, indices)]
+        prompt_of = None
+        if self.share_prompts:
+            _, prompt_of = distinct_prompts([batch.prompt_ids[batch.prompt_offsets[i] : batch.prompt_offsets[i + 1]] for i in indices])
+        if prompt_of is not None and prompt_of.max() + 1 >= self.ranks.world_size:
+            # a prompt's sequences stay on one rank, which computes the prompt once (with fewer
+            # prompts than ranks, sequences are spread instead, so that no rank only pads)
+            units = [indices[prompt_of == k] for k in range(prompt_of.max() + 1)]
+            r_lens = np.diff(batch.response_offsets)
+            cost = np.array([lens[u[0]] + (len(u) - 1) * r_lens[u].max() for u in units])
+            per_rank = [np.sort(np.concatenate([units[k] for k in share] or [np.zeros(0, np.int64)]))
+                        for share in parallel.shares(np.arange(len(units)), cost, self.ranks.world_size)]
+        else:
+            per_rank = parallel.shares(indices, lens[indices], self.ranks.world_size)
+        counts = [len(self._micro_batches(batch, share)) if len(share) else 0 for share in per_rank]
+        mine = per_rank[self.ranks.rank]
+        micros = [self._micro(batch, chunk, adv, int(lens[mine].max())) for chunk in self._micro_batches(batch, mine)] if len(mine) else []
+        while len(micros) < max(counts):
+            pad = self._micro(batch, indices[:1], adv)
+            pad.mask.zero_()
+            micros.append(pad)
+        return micros
+
+    def _micro_batches(self, batch: TrainBatch, indices: np.ndarray) -> list[np.ndarray]:
+        """Chunks of `indices` whose computed tokens stay under trainer.micro_batch_tokens:
+        sequences x the chunk's longest when padded (sorted by length, so neighbours pad little);
+        packed rows x the longest of `indices` when packing."""
+        lens = (np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets))[indices]
+        budget = self.cfg.trainer.micro_batch_tokens
+        chunks, current = [], []
+        if self.share_prompts:
+            return self._shared_micro_batches(batch, indices, budget)
+        if not self.cfg.trainer.packing:
+            longest = 0
+            for j in np.argsort(lens, kind="stable"):
+                longest_if = max(longest, int(lens[j]))
+                if current and longest_if * (len(current) + 1) > budget:
+                    chunks.append(np.array(current))
+                    current, longest_if = [], int(lens[j])
+                current.append(int(indices[j]))
+                longest = longest_if
+        else:  # rows as long as the longest sequence, filled first-fit, as many rows as the budget holds
+            capacity = int(lens.max())
+            rows = first_fit_rows(lens, capacity)
+            per = max(budget // capacity, 1)
+            return [np.array(sorted(int(indices[j]) for row in rows[k : k + per] for j in row)) for k in range(0, len(rows), per)]
+        if current:
+            chunks.append(np.array(current))
+        return chunks
+
+    @staticmethod
+    def _shared_micro_batches(batch: TrainBatch, indices: np.ndarray, budget: int) -> list[np.ndarray]:
+        """Chunks of `indices` in batch order (a group's sequences are neighbours) whose two
+        passes compute at most `budget` tokens (or one sequence)."""
+        po, ro = batch.prompt_offsets, batch.response_offsets
+        _, prompt_of = distinct_prompts([batch.prompt_ids[po[i] : po[i + 1]] for i in indices])
+        p_lens, r_lens = np.diff(po)[indices], np.diff(ro)[indices]
+        chunks, current, prompts, longest_p, longest_r = [], [], set(), 0, 1
+        for j, i in enumerate(indices):  # the chunk's cost: distinct prompts x longest prompt + sequences x longest response
+            p, r = max(longest_p, int(p_lens[j])), max(longest_r, int(r_lens[j]))
+            if current and len(prompts | {prompt_of[j]}) * p + (len(current) + 1) * r > budget:
+                chunks.append(np.array(current))
+                current, prompts, p, r = [], set(), int(p_lens[j]), max(int(r_lens[j]), 1)
+            current.append(int(i))
+            prompts.add(prompt_of[j])
+            longest_p, longest_r = p, r
+        return chunks + [np.array(current)] if current else chunks
+
+    def _micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor, capacity: int = 0) -> MicroBatch:
+        """`capacity`: packed rows' length (at least the chunk's longest sequence)."""
+        po, ro = batch.prompt_offsets, batch.response_offsets
+        if self.share_prompts:
+            return self._shared_micro(batch, idx, adv)
+        seqs = [np.concatenate([batch.prompt_ids[po[i] : po[i + 1]], batch.response_ids[ro[i] : ro[i + 1]]]) for i in idx]
+        T = max(len(s) for s in seqs)
+        # row t of the [T-1] logprobs predicts token t+1, so a response starts at its prompt's length - 1
+        mask, behav = loss_rows(batch, idx, T - 1, np.diff(po)[idx] - 1)
+        dev = self.device
+        ids = attn = packed = None
+        if self.cfg.trainer.packing:
+            packed = pack(seqs, mask, dev, max(capacity, T))
+        else:
+            ids_np = np.zeros((len(idx), T), np.int64)
+            attn_np = np.zeros((len(idx), T), np.int64)
+            for j, s in enumerate(seqs):
+                ids_np[j, : len(s)] = s
+                attn_np[j, : len(s)] = 1
+            ids, attn = torch.from_numpy(ids_np).to(dev), torch.from_numpy(attn_np).to(dev)
+        return MicroBatch(
+            ids=ids,
+            attn=attn,
+            mask=torch.from_numpy(mask).to(dev),
+            behav=torch.from_numpy(behav).to(dev),
+            adv=adv[torch.from_numpy(idx)].to(dev),
+            tokens=sum(len(s) for s in seqs),
+            packed=packed,
+        )
+
+    def _shared_micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor) -> MicroBatch:
+        po, ro = batch.prompt_offsets, batch.response_offsets
+        prompts = [batch.prompt_ids[po[i] : po[i + 1]] for i in idx]
+        responses = [batch.response_ids[ro[i] : ro[i + 1]] for i in idx]
+        rows = layout(prompts, responses, self.device)
+        mask, behav = loss_rows(batch, idx, rows.response_ids.shape[1], np.zeros(len(idx), np.int64))
+        dev = self.device
+        return MicroBatch(
+            ids=None,
+            attn=None,
+            mask=torch.from_numpy(mask).to(dev),
+            behav=torch.from_numpy(behav).to(dev),
+            adv=adv[torch.from_numpy(idx)].to(dev),
+            tokens=int(rows.prompt_attn.sum() + rows.response_attn.sum()),
+            shared=rows,
+        )
+
+
+def loss_rows(batch: TrainBatch, idx: np.ndarray, width: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[S, width] loss mask and behaviour logprobs of sequences `idx`, the response of row j
+    from column starts[j] (0 elsewhere)."""
+    ro = batch.response_offsets
+    mask = np.zeros((len(idx), width), np.float32)
+    behav = np.zeros((len(idx), width), np.float32)
+    for j, (i, s) in enumerate(zip(idx, starts)):
+        r_len = ro[i + 1] - ro[i]
+        mask[j, s : s + r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
+        behav[j, s : s + r_len] = batch.logprobs[ro[i] : ro[i + 1]]
+    return mask, behav
