@@ -86,7 +86,8 @@ def keep_earlier(name: str, figures: dict) -> dict:
     (each with its commit, date and command), so a rerun never erases what was reported before."""
     path = RESULTS / f"{name}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    earlier = list((old.get("figures") or {}).pop("earlier", []))
+    earlier = (old.get("figures") or {}).pop("earlier", [])
+    earlier = [earlier] if isinstance(earlier, dict) else list(earlier)
     if old.get("figures"):
         earlier.append({**old["figures"], "git_commit": old.get("git_commit"), "date": old.get("date"), "command": old.get("command")})
     return {**figures, "earlier": earlier}

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import print_table, write_result  # noqa: E402
+from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 
 
 def run_quickstart(run_dir: Path, sft_dir: Path, overrides) -> tuple[float, dict]:
@@ -80,7 +80,7 @@ def main() -> None:
          ("eval_greedy_final", "after RL", ".3f"), ("staleness_max", "max staleness", ".0f"), ("tokens_per_s", "tokens/s", ",.0f")],
     )
     figures = {"reward_gain": summary["reward_gain"], "eval_greedy_gain": summary["eval_greedy_accuracy_gain"], "wall_minutes": wall / 60}
-    path = write_result("quickstart", {"run": row, "summary": summary}, figures,
+    path = write_result("quickstart", {"run": row, "summary": summary}, keep_earlier("quickstart", figures) if not args.overrides else figures,
                         notes="reward_gain: mean reward over the last 10% of RL steps minus the SFT model's sampled "
                               "(T=1) accuracy on fresh prompts; eval_greedy_gain: greedy accuracy on the held-out sums "
                               "(never trained) at the final weights minus at the SFT checkpoint (version 0); "
