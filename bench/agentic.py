@@ -44,6 +44,7 @@ SYSTEMS = [
     ("alpha2+redundant", ["async_ratio=2", "env.redundancy=2"]),
     ("alpha2", ["async_ratio=2", "env.redundancy=0"]),  # what redundancy adds, and what it costs
 ]
+TAGS = {"sync": "sync", "alpha2+redundant": "alpha2", "alpha2": "alpha2_without_redundancy"}  # system -> its figures' names
 
 
 def launch(run_dir: Path, overrides: list[str], reuse: bool = False) -> dict:
@@ -107,12 +108,12 @@ def main() -> None:
          ("episodes_discarded", "discarded", "d"), ("episodes_failed", "failed", "d"), ("reward_mean", "mean reward", ".3f")],
     )
     figures = {}
-    for name, tag in (("alpha2+redundant", "alpha2"), ("alpha2", "alpha2_without_redundancy")):
-        ratios = [r["vs_sync"] for r in rows if r["system"] == name]
+    for name in ("alpha2+redundant", "alpha2"):
+        tag, ratios = TAGS[name], [r["vs_sync"] for r in rows if r["system"] == name]
         figures[f"episodes_per_s_{tag}_vs_sync"] = statistics.median(ratios)
         figures[f"episodes_per_s_{tag}_vs_sync_spread"] = [min(ratios), max(ratios)]
         figures[f"episodes_per_s_{tag}_vs_sync_by_round"] = ratios
-    for name, tag in (("sync", "sync"), ("alpha2+redundant", "alpha2"), ("alpha2", "alpha2_without_redundancy")):
+    for name, tag in TAGS.items():
         figures[f"reward_trained_{tag}"] = statistics.median(r["reward_mean"] for r in rows if r["system"] == name)
     print(f"headline: alpha 2 with redundancy at {figures['episodes_per_s_alpha2_vs_sync']:.2f}x sync episodes/s "
           f"(rounds {', '.join(f'{x:.2f}' for x in figures['episodes_per_s_alpha2_vs_sync_by_round'])}), training on episodes of "

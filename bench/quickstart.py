@@ -80,7 +80,7 @@ def main() -> None:
          ("eval_greedy_final", "after RL", ".3f"), ("staleness_max", "max staleness", ".0f"), ("tokens_per_s", "tokens/s", ",.0f")],
     )
     figures = {"reward_gain": summary["reward_gain"], "eval_greedy_gain": summary["eval_greedy_accuracy_gain"], "wall_minutes": wall / 60}
-    path = write_result("quickstart", {"run": row, "summary": summary}, keep_earlier("quickstart", figures) if not args.overrides else figures,
+    path = write_result("quickstart", {"run": row, "summary": summary}, keep_earlier("quickstart", figures),
                         notes="reward_gain: mean reward over the last 10% of RL steps minus the SFT model's sampled "
                               "(T=1) accuracy on fresh prompts; eval_greedy_gain: greedy accuracy on the held-out sums "
                               "(never trained) at the final weights minus at the SFT checkpoint (version 0); "

@@ -239,9 +239,9 @@ class TrainerRole:
             return pusher.push(payload)
         if kind == "save":
             return learner.save(step_dir(self.run_dir, payload, tmp=True) / "trainer", self.base_model)
-        if kind != "stop":
-            raise ValueError(f"unknown trainer step {kind!r}")
-        leave(learner.ranks)
+        if kind == "stop":
+            return leave(learner.ranks)
+        raise ValueError(f"unknown trainer step {kind!r}")
 
     def _follow(self, learner) -> None:
         """Ranks other than 0: run each step rank 0 names (every one is a collective); no socket
