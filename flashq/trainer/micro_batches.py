@@ -1,6 +1,7 @@
 """How one batch is laid out for the forward passes: minibatches (one optimizer step each),
-each rank's share of them, and micro-batches that keep the tokens a forward computes under
-`trainer.micro_batch_tokens`, as padded rows, packed rows or shared prompt passes.
+each rank's share of them, and micro-batches (split by length so that one long response does
+not pad every row) that keep the tokens a forward computes under `trainer.micro_batch_tokens`,
+as padded rows, packed rows or shared prompt passes.
 
 A part of `Learner` (flashq.trainer.learner).
 """
@@ -77,49 +78,21 @@ class MicroBatching:
         return micros
 
     def _micro_batches(self, batch: TrainBatch, indices: np.ndarray) -> list[np.ndarray]:
-        """Chunks of `indices` whose computed tokens stay under trainer.micro_batch_tokens:
-        sequences x the chunk's longest when padded (sorted by length, so neighbours pad little);
-        packed rows x the longest of `indices` when packing."""
-        lens = (np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets))[indices]
-        budget = self.cfg.trainer.micro_batch_tokens
-        chunks, current = [], []
-        if self.share_prompts:
-            return self._shared_micro_batches(batch, indices, budget)
-        if not self.cfg.trainer.packing:
-            longest = 0
-            for j in np.argsort(lens, kind="stable"):
-                longest_if = max(longest, int(lens[j]))
-                if current and longest_if * (len(current) + 1) > budget:
-                    chunks.append(np.array(current))
-                    current, longest_if = [], int(lens[j])
-                current.append(int(indices[j]))
-                longest = longest_if
-        else:  # rows as long as the longest sequence, filled first-fit, as many rows as the budget holds
-            capacity = int(lens.max())
-            rows = first_fit_rows(lens, capacity)
-            per = max(budget // capacity, 1)
-            return [np.array(sorted(int(indices[j]) for row in rows[k : k + per] for j in row)) for k in range(0, len(rows), per)]
-        if current:
-            chunks.append(np.array(current))
-        return chunks
-
-    @staticmethod
-    def _shared_micro_batches(batch: TrainBatch, indices: np.ndarray, budget: int) -> list[np.ndarray]:
-        """Chunks of `indices` in batch order (a group's sequences are neighbours) whose two
-        passes compute at most `budget` tokens (or one sequence)."""
+        """Chunks of `indices`, each computing at most trainer.micro_batch_tokens: padded rows
+        and shared prompt passes are split by length (`length_chunks`), packed rows fill rows as
+        long as the longest of `indices`, first-fit."""
         po, ro = batch.prompt_offsets, batch.response_offsets
-        _, prompt_of = distinct_prompts([batch.prompt_ids[po[i] : po[i + 1]] for i in indices])
-        p_lens, r_lens = np.diff(po)[indices], np.diff(ro)[indices]
-        chunks, current, prompts, longest_p, longest_r = [], [], set(), 0, 1
-        for j, i in enumerate(indices):  # the chunk's cost: distinct prompts x longest prompt + sequences x longest response
-            p, r = max(longest_p, int(p_lens[j])), max(longest_r, int(r_lens[j]))
-            if current and len(prompts | {prompt_of[j]}) * p + (len(current) + 1) * r > budget:
-                chunks.append(np.array(current))
-                current, prompts, p, r = [], set(), int(p_lens[j]), max(int(r_lens[j]), 1)
-            current.append(int(i))
-            prompts.add(prompt_of[j])
-            longest_p, longest_r = p, r
-        return chunks + [np.array(current)] if current else chunks
+        overhead, budget = self.cfg.trainer.micro_batch_overhead_tokens, self.cfg.trainer.micro_batch_tokens
+        if self.share_prompts:
+            _, prompt_of = distinct_prompts([batch.prompt_ids[po[i] : po[i + 1]] for i in indices])
+            return [indices[c] for c in length_chunks(np.diff(ro)[indices], overhead, budget, np.diff(po)[indices], prompt_of)]
+        lens = (np.diff(po) + np.diff(ro))[indices]
+        if not self.cfg.trainer.packing:
+            return [indices[c] for c in length_chunks(lens, overhead, budget)]
+        capacity = int(lens.max())
+        rows = first_fit_rows(lens, capacity)
+        per = max(budget // capacity, 1)
+        return [np.array(sorted(int(indices[j]) for row in rows[k : k + per] for j in row)) for k in range(0, len(rows), per)]
 
     def _micro(self, batch: TrainBatch, idx: np.ndarray, adv: torch.Tensor, capacity: int = 0) -> MicroBatch:
         """`capacity`: packed rows' length (at least the chunk's longest sequence)."""
@@ -180,3 +153,43 @@ def loss_rows(batch: TrainBatch, idx: np.ndarray, width: int, starts: np.ndarray
         mask[j, s : s + r_len] = batch.loss_mask[ro[i] : ro[i + 1]] if len(batch.loss_mask) else 1
         behav[j, s : s + r_len] = batch.logprobs[ro[i] : ro[i + 1]]
     return mask, behav
+
+
+def length_chunks(lengths: np.ndarray, overhead: int, budget: int, prompt_lengths: np.ndarray | None = None,
+                  prompt_of: np.ndarray | None = None) -> list[np.ndarray]:
+    """The split of sequences into micro-batches that computes the fewest tokens, counting each
+    micro-batch's fixed cost as `overhead` tokens, none over `budget` (unless one sequence is).
+
+    Rows are padded to their micro-batch's longest, so one long response in a batch of short
+    ones would make every row as long as it; sorted by length, the cheapest split into
+    consecutive runs is found exactly by dynamic programming over where each run starts. A run
+    costs overhead + rows x its longest; with shared prompts (`prompt_lengths`, `prompt_of`:
+    each sequence's prompt), `lengths` are the responses' and a run also computes its distinct
+    prompts once each, padded to its longest prompt. Returns positions into `lengths`.
+    """
+    order = np.argsort(lengths, kind="stable")  # ties keep batch order: a group's sequences stay neighbours
+    r = lengths[order].astype(np.int64)
+    n = len(r)
+    if prompt_of is not None:
+        p, g = prompt_lengths[order].astype(np.int64), prompt_of[order]
+        last_of = np.full(int(prompt_of.max()) + 1, -1)
+        is_last = np.zeros(n, np.int64)  # 1 where a sequence is the last of its prompt so far
+    best, start = np.zeros(n + 1), np.zeros(n + 1, np.int64)
+    for j in range(1, n + 1):  # the cheapest split of the first j, whose last run is [i, j)
+        i = np.arange(j)
+        tokens = (j - i) * r[j - 1]
+        if prompt_of is not None:
+            if last_of[g[j - 1]] >= 0:
+                is_last[last_of[g[j - 1]]] = 0
+            last_of[g[j - 1]], is_last[j - 1] = j - 1, 1
+            distinct = np.cumsum(is_last[:j][::-1])[::-1]  # prompts whose last sequence before j is at or after i
+            tokens = tokens + distinct * np.maximum.accumulate(p[:j][::-1])[::-1]
+        cost = best[:j] + overhead + tokens
+        cost[(tokens > budget) & (i < j - 1)] = np.inf
+        k = int(np.argmin(cost))
+        best[j], start[j] = cost[k], k
+    chunks, j = [], n
+    while j > 0:
+        chunks.append(np.sort(order[start[j] : j]))
+        j = start[j]
+    return chunks[::-1]
