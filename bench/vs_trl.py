@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import repeat_task  # noqa: E402
 from bench.common import RESULTS, git_commit, print_table, write_result  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"
@@ -284,7 +285,8 @@ def main() -> None:
                "2 torch threads, transformers generate",
         "flashq": "async_ratio 2, ppo + tis_token, token_mean; every role on either core (the quickstart's placement); "
                   "SFT warm start replaced by the shared checkpoint",
-        "job_b": "task.kind=file (20,000 tasks from bench/repeat_task.py), sampling.max_tokens=96, "
+        "job_b": "task.kind=file (20,000 tasks from bench/repeat_task.py, counts log-normal with median 3 and sigma "
+                 f"{repeat_task.SIGMA}), sampling.max_tokens=96, "
                  "reward.function=bench.repeat_task:repeat_reward, sft.steps=60",
     }
     replaced = {k: v for k, v in old["figures"].items() if k.startswith("job_") and k[4] in args.jobs and not isinstance(v, dict)}
