@@ -100,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(args) -> int:
-    from flashq.launch import Launcher, dry_run, resolve_run, resume_config
+    from flashq.launch import Launcher, dry_run, refuse_used_run_dir, resolve_run, resume_config
 
     cfg = load_config(args.config, args.overrides)
     if args.resume:
         cfg = resume_config(cfg, args.resume, args.overrides)
+    else:
+        refuse_used_run_dir(cfg)
     cfg = resolve_run(cfg)
     if args.dry_run:
         print(dry_run(cfg))

@@ -96,6 +96,18 @@ def resolve_run(cfg: FlashqConfig) -> FlashqConfig:
     return cfg
 
 
+def refuse_used_run_dir(cfg: FlashqConfig) -> None:
+    """A new run in a directory that holds another's metrics or checkpoints would append to its
+    metrics and, at the end, fail to write over its final checkpoint: refuse at the start."""
+    run_dir = cfg.log.run_dir
+    if run_dir is None:
+        return
+    used = [name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    if used:
+        raise ConfigError(f"log.run_dir {run_dir} already holds a run ({', '.join(used)}): continue it with "
+                          f"`flashq launch CONFIG --resume {run_dir}`, or give this run another log.run_dir")
+
+
 def resume_config(cfg: FlashqConfig, which: str, overrides: list[str]) -> FlashqConfig:
     """The stopped run's own resolved config (plus any new overrides), pointed at its newest
     complete checkpoint."""

@@ -71,6 +71,19 @@ def test_every_shipped_config_passes_dry_run(path, tmp_path, capsys):
         assert f"# --- {role}" in out and role_view(cfg, role)
 
 
+@pytest.mark.parametrize("left", ["metrics.jsonl", "checkpoints"])
+def test_a_new_run_in_a_used_run_dir_is_refused_before_any_role_starts(left, tmp_path, capsys):
+    """It would append to the earlier run's metrics and fail at its last checkpoint (a dry run
+    says so too, so that the check costs nothing here)."""
+    from flashq.cli import main
+
+    (tmp_path / left).touch()
+    assert main(["launch", str(ROOT / "configs" / "quickstart.yaml"), "--dry-run", f"log.run_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"log.run_dir {tmp_path} already holds a run ({left})" in err and f"--resume {tmp_path}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [left]  # nothing written, nothing started
+
+
 def test_gpu_configs_place_engines_and_fsdp_ranks_on_their_own_devices(tmp_path):
     from flashq.launch import dry_run
 
