@@ -113,11 +113,7 @@ class Orchestrator(EpisodeEvents, Snapshots):
     # ------------------------------------------------------------ events
 
     def on_sample(self, peer: str, sample: Sample) -> None:
-        worker = self.request_worker.get(sample.request_id)
-        if worker is None:
-            raise KeyError(f"sample {sample.request_id} from {peer} was not requested (or arrived twice)")
-        if worker != peer:
-            raise KeyError(f"sample {sample.request_id} came from {peer}, but was sent to {worker}")
+        worker = _sent_to(self.request_worker, "sample", sample.request_id, peer)
         self._check_sample(sample, self.request_sent[sample.request_id])  # before anything changes: a refused sample is still owed
         del self.request_worker[sample.request_id]
         self.gen_queue.done(worker)
@@ -230,11 +226,7 @@ class Orchestrator(EpisodeEvents, Snapshots):
             raise ValueError(f"sample {rid} has {len(sample.token_ids)} tokens; at most {request.max_tokens} were asked")
 
     def on_reward(self, peer: str, result: RewardResult) -> None:
-        worker = self.score_worker.get(result.request_id)
-        if worker is None:
-            raise KeyError(f"reward for {result.request_id} from {peer} was not requested (or arrived twice)")
-        if worker != peer:
-            raise KeyError(f"reward for {result.request_id} came from {peer}, but was sent to {worker}")
+        worker = _sent_to(self.score_worker, "reward for", result.request_id, peer)
         rid = result.request_id
         group = None
         if not is_eval(rid):  # checked before anything changes: a refused reward is still owed
@@ -494,3 +486,14 @@ class Orchestrator(EpisodeEvents, Snapshots):
             "queue/chunks_sent": self.divided.chunks_sent,
             "queue/responses_divided_in_flight": len(self.divided.partial),
         }
+
+
+def _sent_to(sent: dict[str, str], what: str, request_id: str, peer: str) -> str:
+    """The worker `request_id` was sent to, which must be the `peer` answering it; anything else
+    is refused before any state changes."""
+    worker = sent.get(request_id)
+    if worker is None:
+        raise KeyError(f"{what} {request_id} from {peer} was not requested (or arrived twice)")
+    if worker != peer:
+        raise KeyError(f"{what} {request_id} came from {peer}, but was sent to {worker}")
+    return worker
