@@ -54,11 +54,9 @@ def job_overrides(job: str, work: Path) -> list[str]:
     """flashq config overrides that make the quickstart config run `job`; TRL reads the same config."""
     if job == "a":
         return ["eval=null"]  # TRL does not evaluate, and would train on the held-out sums
-    from bench.repeat_task import write_tasks
-
     path = work / "repeat.jsonl"
     if not path.exists():
-        write_tasks(path, count=20000)
+        repeat_task.write_tasks(path, count=20000)
     return ["eval=null", "task.kind=file", f"task.file.path={path}", "sampling.max_tokens=96", "reward.function=bench.repeat_task:repeat_reward",
             "sft.steps=60"]
 

@@ -68,10 +68,10 @@ class MicroBatching:
                         for share in parallel.shares(np.arange(len(units)), cost, self.ranks.world_size)]
         else:
             per_rank = parallel.shares(indices, lens[indices], self.ranks.world_size)
-        counts = [len(self._micro_batches(batch, share)) if len(share) else 0 for share in per_rank]
+        chunks = [self._micro_batches(batch, share) if len(share) else [] for share in per_rank]
         mine = per_rank[self.ranks.rank]
-        micros = [self._micro(batch, chunk, adv, int(lens[mine].max())) for chunk in self._micro_batches(batch, mine)] if len(mine) else []
-        while len(micros) < max(counts):
+        micros = [self._micro(batch, chunk, adv, int(lens[mine].max())) for chunk in chunks[self.ranks.rank]]
+        while len(micros) < max(len(c) for c in chunks):
             pad = self._micro(batch, indices[:1], adv)
             pad.mask.zero_()
             micros.append(pad)
