@@ -16,8 +16,27 @@ def test_match_index_follows_the_most_frequent_continuation():
     index.extend("b", [9, 2, 3, 4, 6])
     index.extend("c", [2, 3, 4, 6, 7])
     draft, score, _ = index.speculate([0, 2, 3], max_tokens=4, min_prob=0.1)
-    assert draft[:2] == [4, 6] and score > 1.5  # 4 always follows 2 3; then 6 twice out of three
+    assert draft == [4, 6, 7]  # 4 always follows 2 3; then 6 twice out of three; then 7 (c's)
+    # shares 3/3, 2/3, 1/3, each discounted by m / (m + 1) for the m matches it rests on (3, 3, 1)
+    assert score == pytest.approx(1 * 3 / 4 + 2 / 3 * (3 / 4) ** 2 + 1 / 3 * (3 / 4) ** 2 * 1 / 2)
     assert index.speculate([42], max_tokens=4)[:2] == ([], 0.0)  # nothing to match
+
+
+def test_a_continuation_seen_once_loses_to_one_seen_in_many_responses():
+    """Job B of bench/vs_trl.py ("q 7" -> "qqqqqqq"): the answer's first letter also occurs in the
+    prompt, followed by the rest of the prompt, once. Scored as certain, those 6 tokens beat the
+    answers to other prompts for the same letter and were drafted (and rejected) at every step
+    until the answer had 6 letters of its own: 1% of draft tokens were accepted."""
+    drafter = GroupedDrafter()
+    q, prompt = 17, [2, 30, 31, 14, 17, 36, 59, 3, 14, 2, 40, 41, 14]
+    for k, n in enumerate([3, 5, 4, 8, 3, 6]):  # finished answers to other prompts for the same letter
+        drafter.start(f"old/{k}", f"old{k}", [2, 30, 31, 14, 17, 36, 50 + n, 3, 14, 2, 40, 41, 14])
+        drafter.accept(f"old/{k}", [q] * n + [0])
+        drafter.finish(f"old/{k}")
+        drafter.finish_group(f"old{k}")
+    drafter.start("new/0", "new", prompt)
+    drafter.accept("new/0", [q])
+    assert drafter.propose("new/0", 8)[:2] == [q, q]
 
 
 def test_siblings_and_history_supply_drafts_a_fresh_request_cannot_make_itself():
@@ -77,7 +96,8 @@ def test_an_accepted_draft_goes_on_from_its_matches_without_a_new_search():
 def _reference_speculate(seqs: list[list[int]], order_of_arrival: list[tuple[int, int]], orders, context, max_tokens, min_prob):
     """The matching rule spelled out on plain lists: for each order, longest first, the latest
     MAX_MATCHES occurrences of the context's last n tokens that have a continuation, followed
-    while the most frequent next token keeps its share at least `min_prob` (ties: the oldest)."""
+    while the most frequent next token keeps its share at least `min_prob` (ties: the oldest);
+    scored by the shares, each discounted by m / (m + 1) at every step for its m matches."""
     best = ([], 0.0)
     for n in sorted(orders, reverse=True):
         if len(context) < n:
@@ -89,6 +109,7 @@ def _reference_speculate(seqs: list[list[int]], order_of_arrival: list[tuple[int
         if not matches:
             continue
         draft, score, total = [], 0.0, len(matches)
+        doubt = 1.0
         while matches and len(draft) < max_tokens:
             counts = Counter(seqs[s][p] for s, p in matches)
             top = max(counts.values())
@@ -96,7 +117,8 @@ def _reference_speculate(seqs: list[list[int]], order_of_arrival: list[tuple[int
             if top / total < min_prob:
                 break
             draft.append(token)
-            score += top / total
+            doubt *= len(matches) / (len(matches) + 1)  # the rule of succession's doubt, for the score only
+            score += top / total * doubt
             matches = [(s, p + 1) for s, p in matches if seqs[s][p] == token and p + 1 < len(seqs[s])]
         if score > best[1]:
             best = (draft, score)
