@@ -110,7 +110,8 @@ def breakdown(steps: list[dict]) -> dict[str, float]:
         "engine_generating_s": per_step("rollout/busy_s_total/rollout-0") - paused,
         "engine_paused_for_push_s": paused,
         "engine_idle_s": per_step("rollout/idle_s_total/rollout-0"),
-        "spec_acceptance_length": mean("spec/acceptance_length"),
+        # over the steps whose metrics saw a verification (the others carry no acceptance length)
+        "spec_acceptance_length": statistics.mean([r["spec/acceptance_length"] for r in steps[a:b] if "spec/acceptance_length" in r] or [0.0]),
     }
 
 
