@@ -213,9 +213,8 @@ def _speculate(tok, nxt, chain, keys, heads, orders, context, max_tokens, min_pr
 class MatchIndex:
     """Growing sequences (keyed by any hashable id) and where their n-grams occurred."""
 
-    def __init__(self, orders: tuple[int, ...] = (8, 4, 2, 1), capacity: int = 256, prior: float | None = None):
+    def __init__(self, orders: tuple[int, ...] = (8, 4, 2, 1), capacity: int = 256):
         self.orders = np.array(sorted(set(orders), reverse=True), dtype=np.int64)
-        self.prior = EVIDENCE_PRIOR if prior is None else float(prior)
         self.ids: dict[object, int] = {}
         self.tails = np.full(16, -1, np.int32)  # each sequence's last position
         self.lengths: list[int] = []
@@ -304,12 +303,12 @@ class MatchIndex:
             return [], 0.0, _EMPTY
         context = np.asarray(context, dtype=np.int32)
         draft, score, agreeing = _speculate(self.tok, self.nxt, self.chain, self.keys, self.heads, self.orders, context,
-                                            max_tokens, min_prob, MAX_MATCHES, self.prior)
+                                            max_tokens, min_prob, MAX_MATCHES, EVIDENCE_PRIOR)
         return draft.tolist(), score, agreeing
 
     def follow(self, matches: np.ndarray, max_tokens: int, min_prob: float) -> tuple[list[int], float, np.ndarray]:
         """Go on from the matches a previous draft left (see `speculate`)."""
-        draft, score, agreeing = follow(self.tok, self.nxt, matches, max_tokens, min_prob, self.prior)
+        draft, score, agreeing = follow(self.tok, self.nxt, matches, max_tokens, min_prob, EVIDENCE_PRIOR)
         return draft.tolist(), score, agreeing
 
     def advance(self, matches: np.ndarray, token: int) -> np.ndarray:
