@@ -78,7 +78,7 @@ def make_sft(job: str, work: Path) -> Path:
 
 
 def run_flashq(job: str, mode: str, work: Path, sft: Path, steps: int, seed: int) -> dict:
-    run_dir = work / f"flashq-{job}-{len(JOBS[job]['modes'][mode])}-{seed}"
+    run_dir = work / f"flashq-{job}-{list(JOBS[job]['modes']).index(mode)}-{seed}"
     cmd = [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", f"model.name={sft}",
            "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}", f"trainer.seed={seed}",
            *job_overrides(job, work), *JOBS[job]["modes"][mode]]

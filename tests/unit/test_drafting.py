@@ -24,7 +24,7 @@ def test_match_index_follows_the_most_frequent_continuation():
 
 def test_a_continuation_seen_once_loses_to_one_seen_in_many_responses():
     """Job B of bench/vs_trl.py ("q 7" -> "qqqqqqq"): the answer's first letter also occurs in the
-    prompt, followed by the rest of the prompt, once. Scored as certain, those 6 tokens beat the
+    prompt, followed by the rest of the prompt, once. Scored as certain, those tokens beat the
     answers to other prompts for the same letter and were drafted (and rejected) at every step
     until the answer had 6 letters of its own: 1% of draft tokens were accepted."""
     drafter = GroupedDrafter()
