@@ -195,9 +195,9 @@ class RolloutEngine:
 
     async def weight_sync(self, method: str, payload, version: int) -> None:
         """`init_weight_transfer_engine`: join (or rejoin) the trainer's transfer group.
-        `push_weights`: a whole update in one call (pause with keep, receive while the trainer
-        broadcasts, label the weights `version`, resume), so generation stops only for the
-        transfer itself, not for three round trips through the coordinator."""
+        `push_weights`: a whole update in one call into the engine core (pause with keep,
+        receive while the trainer broadcasts, label the weights `version`, resume), so generation
+        stops only for the transfer itself, not for round trips between processes."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         llm = self.llm
@@ -210,20 +210,16 @@ class RolloutEngine:
             await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=payload))
             self.transfer_ready = True
         elif method == "push_weights":
-            # the engine core's pause itself: AsyncLLM.pause_generation adds a fixed 20 ms sleep
-            # (to order the outputs of aborted requests; "keep" aborts none) to every push
-            await llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=self.recompute_kv)
-            self.update_open = True
             lora = self.cfg.trainer.lora
             if lora is not None:
-                await llm.collective_rpc("flashq_push_adapter", kwargs={"update_info": payload, "peft_config": lora.peft_dict(),
-                                                                       "merged": lora.serve == "merged"})
+                call = ("flashq_push_adapter", {"update_info": payload, "peft_config": lora.peft_dict(), "merged": lora.serve == "merged"})
             else:
-                await llm.collective_rpc("flashq_push_weights", kwargs={"update_info": payload})
-            await llm.update_weight_version(str(version))
+                call = ("flashq_push_weights", {"update_info": payload})
+            self.update_open = True
+            # one call into the engine core (flashq's vllm_plugin); the engine stays paused if it fails
+            await llm.engine_core.call_utility_async("flashq_push_weights", *call, str(version), self.recompute_kv)
             self.update_open = False
             self.version = version
-            await llm.resume_generation()
         else:
             raise ValueError(f"unknown weight sync method {method!r}")
 

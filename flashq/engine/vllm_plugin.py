@@ -4,6 +4,7 @@ Keep this import-light: vLLM loads it before building each worker.
 """
 
 import logging
+from concurrent.futures import Future
 
 
 class _BenignReloadWarnings(logging.Filter):
@@ -25,6 +26,7 @@ def register() -> None:
     from flashq.engine.gloo_transfer import register as register_gloo
 
     register_gloo()
+    install_push_in_one_call()
     if _cpu_platform():
         from flashq.engine.cpu_kernels import install
 
@@ -41,6 +43,51 @@ def _cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def install_push_in_one_call() -> None:
+    """Give vLLM's engine core `flashq_push_weights` (below), called by name as a utility."""
+    from vllm.v1.engine.core import EngineCore
+
+    EngineCore.flashq_push_weights = push_weights_in_engine_core
+
+
+def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version: str, clear_cache: bool) -> Future:
+    """A whole weight update inside the engine core: pause with "keep" (running requests
+    frozen, not aborted), run the worker's receive (`worker_method` of FlashqWorkerExtension),
+    label the weights `version` and resume. Driven from the front end these are four calls,
+    each a round trip between its process and the engine core's while the engine stands
+    paused; here the receive starts the moment the pause completes. Nothing is generated
+    between the pause and the resume, so every token vLLM labels `version` was sampled from the
+    new weights. If the receive fails (a push broken off by a death), generation stays paused
+    until the next push or the abandon call."""
+    from vllm.v1.engine import EngineCoreRequestType
+
+    done: Future = Future()
+
+    def push(paused: Future | None = None) -> None:
+        try:
+            if paused is not None:
+                paused.result()
+            core.collective_rpc(worker_method, kwargs=kwargs)
+            core.set_weight_version(version)
+            core.resume_scheduler()
+        except Exception as e:  # noqa: BLE001 - handed to the caller through the future
+            done.set_exception(e)
+        else:
+            done.set_result(None)
+        if paused is not None:
+            # this ran in the engine core's idle loop, which next blocks on its input queue:
+            # without a message it would sit there with requests to run (a run whose staleness
+            # gate held new requests back until this push's batch trained hung so)
+            core.input_queue.put_nowait((EngineCoreRequestType.WAKEUP, None))
+
+    paused = core.pause_scheduler(mode="keep", clear_cache=clear_cache)
+    if paused is None:  # the engine was idle: paused already
+        push()
+    else:  # a step in flight: the pause completes at the engine core's next idle point
+        paused.add_done_callback(push)
+    return done
 
 
 def nap_while_waiting_for_queue() -> None:

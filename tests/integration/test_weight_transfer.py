@@ -49,9 +49,11 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
                 for p in model.parameters():
                     p.add_(0.05 * torch.randn_like(p))
             await loop.run_in_executor(None, pusher.push, 1)
+            # nothing else reaches the engine until the frozen request finishes: the push alone
+            # must set it going again (a resume that waited for the next message once hung a run)
+            spanning = await asyncio.wait_for(long, timeout=120)
             # no min_tokens here: it masks EOS, and the engine reports logprobs after its processing
             after = await engine.generate(GenerateRequest("after", "g", prompt, 40, 0, 1.0, 1.0, 2))
-            spanning = await long
             pusher.close()
             return after, spanning, model
         finally:
