@@ -4,6 +4,7 @@ Keep this import-light: vLLM loads it before building each worker.
 """
 
 import logging
+import sys
 from concurrent.futures import Future
 
 
@@ -26,7 +27,8 @@ def register() -> None:
     from flashq.engine.gloo_transfer import register as register_gloo
 
     register_gloo()
-    install_push_in_one_call()
+    if "vllm.v1.engine.core" in sys.modules:  # the engine core's process (it loads plugins as it starts)
+        install_push_in_one_call()
     if _cpu_platform():
         from flashq.engine.cpu_kernels import install
 
@@ -60,7 +62,7 @@ def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version:
     paused; here the receive starts the moment the pause completes. Nothing is generated
     between the pause and the resume, so every token vLLM labels `version` was sampled from the
     new weights. If the receive fails (a push broken off by a death), generation stays paused
-    until the next push or the abandon call."""
+    until the next push succeeds."""
     from vllm.v1.engine import EngineCoreRequestType
 
     done: Future = Future()

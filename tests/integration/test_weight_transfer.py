@@ -50,7 +50,8 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
                     p.add_(0.05 * torch.randn_like(p))
             await loop.run_in_executor(None, pusher.push, 1)
             # nothing else reaches the engine until the frozen request finishes: the push alone
-            # must set it going again (a resume that waited for the next message once hung a run)
+            # must set it going again (the late path, a push resumed from vLLM's idle loop, is
+            # tested in tests/unit/test_push_in_engine_core.py: here the pause completes at once)
             spanning = await asyncio.wait_for(long, timeout=120)
             # no min_tokens here: it masks EOS, and the engine reports logprobs after its processing
             after = await engine.generate(GenerateRequest("after", "g", prompt, 40, 0, 1.0, 1.0, 2))

@@ -1,9 +1,11 @@
 """flashq's one-call weight push inside vLLM's engine core (`push_weights_in_engine_core`),
-against a stand-in for the engine core: only the order of its calls is under test here (the
-real engine runs it in tests/integration/test_weight_transfer.py, where the pause usually
-completes at once and the late path below seldom runs)."""
+against a stand-in for the engine core: the order of its calls, and vLLM's own idle loop
+(`EngineCoreProc._process_input_queue`, run on the stand-in) leaving once a late push has
+resumed. On the CPU backend the real engine pauses at once unless a request finished in the
+step before, so tests/integration/test_weight_transfer.py seldom takes the late path."""
 
 import queue
+import threading
 from concurrent.futures import Future
 
 import pytest
@@ -63,10 +65,49 @@ def test_a_busy_engine_is_updated_when_its_step_ends_and_its_idle_loop_is_woken(
     assert core.input_queue.get_nowait() == (EngineCoreRequestType.WAKEUP, None)
 
 
+class IdleLoopCore(FakeEngineCore):
+    """The stand-in with what vLLM's idle loop reads: it has work (requests to run) once resumed,
+    and the pause completes from an idle callback, as vLLM's own `engine_idle_callback` does."""
+
+    def __init__(self):
+        super().__init__(busy=True)
+        self._idle_state_callbacks = [lambda engine: engine.pause.set_result(None)]
+        self.aborts_queue: queue.Queue = queue.Queue()
+        self.process_input_queue_block = True
+
+    def has_work(self) -> bool:
+        return ("resume",) in self.calls
+
+    def is_running(self) -> bool:
+        return True
+
+
+def test_vllms_idle_loop_moves_on_to_the_resumed_requests_after_a_late_push():
+    """The loop notifies its idle callbacks, then blocks on its input queue; a push that resumed
+    in a callback must leave it a message, or the resumed requests wait for the next one (a
+    run hung at step 2498 of 2500 so, its staleness gate holding new requests back)."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    core = IdleLoopCore()
+    core._notify_idle_state_callbacks = EngineCoreProc._notify_idle_state_callbacks.__get__(core)
+    core._handle_client_request = EngineCoreProc._handle_client_request.__get__(core)
+    done = push_weights_in_engine_core(core, "flashq_push_weights", {"update_info": UPDATE}, "7", False)
+    loop = threading.Thread(target=EngineCoreProc._process_input_queue, args=(core,), daemon=True)
+    loop.start()
+    loop.join(timeout=60)  # returns at once when woken; the timeout only bounds a hang
+    hung = loop.is_alive()
+    if hung:  # let the stuck loop go before failing
+        from vllm.v1.engine import EngineCoreRequestType
+
+        core.input_queue.put_nowait((EngineCoreRequestType.WAKEUP, None))
+    assert not hung, "the idle loop blocked on its input queue with requests to run"
+    assert done.result(timeout=0) is None and core.calls == IN_ORDER
+
+
 def test_a_failed_receive_reaches_the_caller_and_leaves_the_engine_paused():
     core = FakeEngineCore(busy=True, receive_fails=True)
     done = push_weights_in_engine_core(core, "flashq_push_weights", {"update_info": UPDATE}, "7", False)
     core.pause.set_result(None)
     with pytest.raises(RuntimeError, match="broke off"):
         done.result(timeout=0)
-    assert core.calls == IN_ORDER[:1]  # not labelled, not resumed: the next push or the abandon call decides
+    assert core.calls == IN_ORDER[:1]  # not labelled, not resumed: only the next push that succeeds resumes
