@@ -22,7 +22,7 @@ def run_until_killed(run_dir, victim_role: str, after_step: int) -> str:
     """The run stops when `victim_role` is killed (automatic resume off: this tests `--resume`)."""
     proc = subprocess.Popen(
         launch_cmd(run_dir, ["async_ratio=2", f"trainer.steps={STEPS}", f"trainer.checkpoint_every={EVERY}",
-                             "fault.resume_run=false", "fault.restart_workers=false", "rollout.num_workers=1"]),
+                             "fault.resume_run=false", "fault.restart_workers=false"]),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"),
     )
     out: list[str] = []
