@@ -217,7 +217,7 @@ class RolloutEngine:
                 call = ("flashq_push_weights", {"update_info": payload})
             self.update_open = True
             # one call into the engine core (flashq's vllm_plugin); the engine stays paused if it fails
-            await llm.engine_core.call_utility_async("flashq_push_weights", *call, str(version), self.recompute_kv)
+            await llm.engine_core.call_utility_async("flashq_pause_push_resume", *call, str(version), self.recompute_kv)
             self.update_open = False
             self.version = version
         else:

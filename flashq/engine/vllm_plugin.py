@@ -48,10 +48,11 @@ def _cpu_platform() -> bool:
 
 
 def install_push_in_one_call() -> None:
-    """Give vLLM's engine core `flashq_push_weights` (below), called by name as a utility."""
+    """Give vLLM's engine core `flashq_pause_push_resume` (`push_weights_in_engine_core` below),
+    called by name as a utility; the worker's receive it runs is FlashqWorkerExtension's."""
     from vllm.v1.engine.core import EngineCore
 
-    EngineCore.flashq_push_weights = push_weights_in_engine_core
+    EngineCore.flashq_pause_push_resume = push_weights_in_engine_core
 
 
 def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version: str, clear_cache: bool) -> Future:
