@@ -183,4 +183,9 @@ def _role(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if sys.argv[1:2] == ["role"]:  # a role process: its work is done and its files are closed
+        from flashq.roles.common import exit_without_teardown
+
+        exit_without_teardown(status)
+    sys.exit(status)

@@ -52,6 +52,8 @@ class RolloutEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from flashq.engine.vllm_plugin import end_engine_core_without_teardown
+
         rc = self.cfg.rollout
         if self.device == "cpu":
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rc.kv_cache_gib)
@@ -111,6 +113,7 @@ class RolloutEngine:
             kwargs["distributed_executor_backend"] = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
         kwargs.update(rc.engine_kwargs)
         kwargs.setdefault("worker_extension_cls", "flashq.engine.worker_extension.FlashqWorkerExtension")
+        end_engine_core_without_teardown()
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         await self.llm.update_weight_version("0")
 

@@ -19,6 +19,7 @@ rank 0 waits for data, or a push retried after a worker died, is joined by every
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import json
 import logging
@@ -71,6 +72,9 @@ class TrainerRole:
         if not learner.ranks.is_leader:
             await loop.run_in_executor(self.pool, self._follow, learner)
             return
+        # vLLM's weight-transfer modules (seconds of imports) load while the engines start, not
+        # after they are ready, when the first push waits on them
+        await loop.run_in_executor(self.pool, importlib.import_module, "flashq.engine.weights")
         ws = self.cfg.weight_sync
         self.port = ws.port or free_port(ws.host)
         self.link = connect(self.cfg, self.address, self.role)

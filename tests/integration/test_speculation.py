@@ -22,12 +22,15 @@ async def generate_all(speculation: str, prompts: list[np.ndarray]):
     cfg = load_config(None, [f"rollout.speculation={speculation}", "rollout.max_model_len=256"])
     engine = RolloutEngine(cfg, resolve_model(cfg), 0, "cpu")
     await engine.start()
+    cores = engine.llm.engine_core.resources.engine_manager.processes
     try:
         return await asyncio.gather(*[
             engine.generate(GenerateRequest(f"g{i}/{k}", f"g{i}", p, 48, temperature=0.0))
             for i, p in enumerate(prompts) for k in range(4)])  # four siblings per prompt: a group to draft from
     finally:
         await engine.shutdown()
+        # the engine core ends through flashq's run_engine_core_then_exit, cleanly
+        assert [c.exitcode for c in cores] == [0] * len(cores) and cores
 
 
 def test_grouped_speculation_is_lossless_under_greedy_decoding():
