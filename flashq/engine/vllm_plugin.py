@@ -108,13 +108,19 @@ def run_engine_core_then_exit(*args, **kwargs) -> None:
     """vLLM's engine-core process, ended without the interpreter's teardown once vLLM has shut
     the engine down cleanly: collecting a heap that holds torch and vLLM took 2-3 s of CPU at
     every engine's exit here, and the rollout worker's shutdown waits on it (vLLM skips the same
-    collection on ROCm with gc.freeze). A failure exits as vLLM's own target does."""
+    collection on ROCm with gc.freeze). A failure exits as vLLM's own target does. A forked
+    engine core (vLLM's default off the CPU) already skips the teardown, and must not run the
+    atexit handlers it inherited from the front end, so it ends as vLLM's does."""
+    import multiprocessing
+
     from vllm.v1.engine.core import EngineCoreProc
 
     from flashq.roles.common import exit_without_teardown
 
     run = getattr(EngineCoreProc, "flashq_run_engine_core", EngineCoreProc.run_engine_core)
     relay_signals_to_main_thread()
+    if getattr(multiprocessing.current_process(), "_start_method", None) == "fork":
+        return run(*args, **kwargs)
     try:
         run(*args, **kwargs)
     except SystemExit as e:
@@ -132,7 +138,8 @@ def relay_signals_to_main_thread() -> None:
     of 13 engine shutdowns timed here on a loaded host). Every caught signal is written to a
     wake-up socket (the interpreter does this wherever it catches one); a thread reading it
     interrupts the main thread's wait with SIGUSR2, whose handler does nothing, so the pending
-    handlers run."""
+    handlers run. (So a SIGUSR2 no longer stops an engine core, as some schedulers' pre-emption
+    notices would: they reach the rollout worker, whose exit stops its engine.)"""
     import signal
     import socket
     import threading

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from vllm.v1.engine.core import EngineCoreProc
 
 from flashq.config import load_config
 from flashq.engine.vllm_engine import RolloutEngine
+from flashq.engine.vllm_plugin import run_engine_core_then_exit
 from flashq.protocol import GenerateRequest
 from flashq.roles.common import resolve_model
 
@@ -23,13 +25,14 @@ async def generate_all(speculation: str, prompts: list[np.ndarray]):
     engine = RolloutEngine(cfg, resolve_model(cfg), 0, "cpu")
     await engine.start()
     cores = engine.llm.engine_core.resources.engine_manager.processes
+    assert EngineCoreProc.run_engine_core is run_engine_core_then_exit  # the target the engine core started with
     try:
         return await asyncio.gather(*[
             engine.generate(GenerateRequest(f"g{i}/{k}", f"g{i}", p, 48, temperature=0.0))
             for i, p in enumerate(prompts) for k in range(4)])  # four siblings per prompt: a group to draft from
     finally:
         await engine.shutdown()
-        # the engine core ends through flashq's run_engine_core_then_exit, cleanly
+        # and it ended cleanly
         assert [c.exitcode for c in cores] == [0] * len(cores) and cores
 
 

@@ -49,6 +49,7 @@ def engine_core(monkeypatch):
     exit_without_teardown raising Exited instead of ending the test process."""
     from vllm.v1.engine.core import EngineCoreProc
 
+    import flashq.engine.vllm_plugin as vllm_plugin
     import flashq.roles.common as common
 
     def exit_now(code):
@@ -56,6 +57,7 @@ def engine_core(monkeypatch):
 
     monkeypatch.setattr(common, "exit_without_teardown", exit_now)
     calls = []
+    monkeypatch.setattr(vllm_plugin, "relay_signals_to_main_thread", lambda: calls.append("relay"))
 
     def set_target(behaviour):
         def target(*args, **kwargs):
@@ -83,7 +85,7 @@ def test_engine_core_ends_without_teardown_after_a_clean_shutdown(engine_core, e
     with pytest.raises(Exited) as exited:
         run_engine_core_then_exit("arg", dp_rank=0, vllm_config="cfg")
     assert exited.value.args == (0,)
-    assert calls == [(("arg",), {"dp_rank": 0, "vllm_config": "cfg"})]
+    assert calls == ["relay", (("arg",), {"dp_rank": 0, "vllm_config": "cfg"})]
 
 
 @pytest.mark.parametrize("failure", [SystemExit(1), RuntimeError("EngineCore failed to start")])
@@ -108,7 +110,6 @@ def test_the_front_end_starts_engine_cores_with_the_wrapper_once(monkeypatch):
     end_engine_core_without_teardown()  # a second engine in the process: still the original underneath
     assert EngineCoreProc.run_engine_core is run_engine_core_then_exit
     assert EngineCoreProc.flashq_run_engine_core is original
-    monkeypatch.delattr(EngineCoreProc, "flashq_run_engine_core")
 
 
 RELAY = textwrap.dedent("""
@@ -139,3 +140,20 @@ def test_a_sigterm_caught_on_another_thread_still_wakes_the_main_thread():
         assert out == "stopped\n" and proc.returncode == 0
     finally:
         proc.kill()
+
+
+def test_a_forked_engine_core_ends_as_vllms_does(engine_core, monkeypatch):
+    """Forked (vLLM's default off the CPU), the engine core must not run the front end's atexit
+    handlers it inherited; multiprocessing ends a forked child without teardown anyway."""
+    import multiprocessing
+
+    from flashq.engine.vllm_plugin import run_engine_core_then_exit
+
+    class Forked:
+        _start_method = "fork"
+
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: Forked())
+    calls = engine_core(raise_(SystemExit(0)))
+    with pytest.raises(SystemExit):
+        run_engine_core_then_exit()
+    assert calls[0] == "relay" and len(calls) == 2
