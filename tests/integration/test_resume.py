@@ -19,7 +19,11 @@ STEPS, EVERY, B, N = 12, 3, 4, 4
 
 
 def run_until_killed(run_dir, victim_role: str, after_step: int) -> str:
-    """The run stops when `victim_role` is killed (automatic resume off: this tests `--resume`)."""
+    """The run stops when `victim_role` is killed (automatic resume off: this tests `--resume`),
+    at a moment when training has gone past the newest checkpoint: the victim is stopped
+    (SIGSTOP) once `after_step` is reached, and killed if it has trained a step the checkpoint
+    lacks, else let go on. (Killed at once, it sometimes died just after a checkpoint, with no
+    work after it to lose.)"""
     proc = subprocess.Popen(
         launch_cmd(run_dir, ["async_ratio=2", f"trainer.steps={STEPS}", f"trainer.checkpoint_every={EVERY}",
                              "fault.resume_run=false", "fault.restart_workers=false"]),
@@ -34,7 +38,13 @@ def run_until_killed(run_dir, victim_role: str, after_step: int) -> str:
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists() and any(r["step"] >= after_step for r in read_jsonl(metrics) if r["kind"] == "step"):
             line = next(line for line in out if f"{victim_role} connected (pid" in line)
-            victim = int(line.split("(pid ")[1].split()[0])
+            pid = int(line.split("(pid ")[1].split()[0])
+            os.kill(pid, signal.SIGSTOP)
+            ckpt = checkpoint.latest(run_dir)
+            if ckpt is not None and max(v for v, *_ in trained_requests(run_dir)) >= checkpoint.version_of(ckpt):
+                victim = pid
+            else:
+                os.kill(pid, signal.SIGCONT)
     assert victim, "run never reached the kill point:\n" + "".join(out[-40:])
     os.kill(victim, signal.SIGKILL)
     assert proc.wait(timeout=120) == 1
