@@ -103,9 +103,11 @@ def test_the_front_end_starts_engine_cores_with_the_wrapper_once(monkeypatch):
 
     from flashq.engine.vllm_plugin import end_engine_core_without_teardown, run_engine_core_then_exit
 
-    original = EngineCoreProc.run_engine_core
-    monkeypatch.setattr(EngineCoreProc, "run_engine_core", EngineCoreProc.__dict__["run_engine_core"])
+    # vLLM's own target, even when an engine built earlier in this process already swapped it
+    original = EngineCoreProc.__dict__.get("flashq_run_engine_core", EngineCoreProc.__dict__["run_engine_core"])
+    monkeypatch.setattr(EngineCoreProc, "run_engine_core", original)
     monkeypatch.delattr(EngineCoreProc, "flashq_run_engine_core", raising=False)
+    original = EngineCoreProc.run_engine_core
     end_engine_core_without_teardown()
     end_engine_core_without_teardown()  # a second engine in the process: still the original underneath
     assert EngineCoreProc.run_engine_core is run_engine_core_then_exit
