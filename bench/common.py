@@ -58,10 +58,11 @@ def command_line() -> str:
 
 
 def git_commit() -> str | None:
+    """HEAD, or FLASHQ_GIT_COMMIT where the tree travelled without its history (a GPU machine)."""
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except Exception:  # noqa: BLE001
-        return None
+        return os.environ.get("FLASHQ_GIT_COMMIT")
 
 
 def write_result(name: str, results: list[dict] | dict, figures: dict, notes: str = "") -> Path:
