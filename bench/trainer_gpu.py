@@ -39,16 +39,21 @@ sys.path.insert(0, str(ROOT))
 
 GIB = 2**30
 RESULT_TAG = "TRAINER_GPU_RESULT "
-# (label, path, micro_batch_tokens, gradient_checkpointing, param_dtype), most telling first: a
-# run cut short by its time limit still has the configs' own setting
+# (label, path, micro_batch_tokens, gradient_checkpointing, param_dtype, micro_batch_overhead_tokens),
+# most telling first: a run cut short by its time limit still has the configs' own setting. With the
+# default overhead (128 tokens, calibrated on a CPU) the split into micro-batches minimises padding
+# and, on this batch, never fills even 8,192 tokens; an overhead of 2,048 fills them to the budget
 SETTINGS = [
-    ("config", "flashq", 16384, True, "float32"),
-    ("naive-16k", "naive", 16384, True, "float32"),
-    ("micro-32k", "flashq", 32768, True, "float32"),
-    ("no-ckpt-16k", "flashq", 16384, False, "float32"),
-    ("micro-8k", "flashq", 8192, True, "float32"),
-    ("bf16-masters", "flashq", 16384, True, "bfloat16"),
-    ("naive-8k", "naive", 8192, True, "float32"),
+    ("config", "flashq", 16384, True, "float32", 128),
+    ("naive-16k", "naive", 16384, True, "float32", 128),
+    ("micro-32k", "flashq", 32768, True, "float32", 128),
+    ("no-ckpt-16k", "flashq", 16384, False, "float32", 128),
+    ("micro-8k", "flashq", 8192, True, "float32", 128),
+    ("bf16-masters", "flashq", 16384, True, "bfloat16", 128),
+    ("naive-8k", "naive", 8192, True, "float32", 128),
+    ("filled-16k", "flashq", 16384, True, "float32", 2048),
+    ("naive-filled-16k", "naive", 16384, True, "float32", 2048),
+    ("filled-32k", "flashq", 32768, True, "float32", 2048),
 ]
 
 
@@ -111,26 +116,29 @@ def child(a) -> dict:
     from flashq.models.real_size import VOCAB_SIZE
     from flashq.trainer.learner import Learner
 
-    label, path, micro, ckpt, param_dtype = next(s for s in SETTINGS if s[0] == a.setting) if a.setting else (
-        "custom", a.path, a.micro, a.ckpt, a.param_dtype)
+    label, path, micro, ckpt, param_dtype, overhead = next(s for s in SETTINGS if s[0] == a.setting)
     cuda = a.device == "cuda"
     cfg = load_config(None, [
         f"model.name={a.model}", f"trainer.device={a.device}", f"trainer.param_dtype={param_dtype}",
         "trainer.compute_dtype=bfloat16", f"trainer.gradient_checkpointing={str(ckpt).lower()}",
-        f"trainer.micro_batch_tokens={micro}", f"sampling.max_tokens={a.max_tokens}", f"sampling.group_size={a.group_size}",
+        f"trainer.micro_batch_tokens={micro}", f"trainer.micro_batch_overhead_tokens={overhead}", f"sampling.max_tokens={a.max_tokens}", f"sampling.group_size={a.group_size}",
         f"trainer.batch_groups={a.groups}", "trainer.lr=1e-6", "trainer.loss.policy=ppo", "trainer.loss.correction=tis_token",
         f"rollout.max_model_len={a.max_tokens + 256}",
     ])
     if path == "naive":
         use_naive_logprobs()
-    row = {"label": label, "path": path, "micro_batch_tokens": micro, "grad_ckpt": ckpt, "param_dtype": param_dtype,
-           "compute_dtype": "bfloat16"}
+    row = {"label": label, "path": path, "micro_batch_tokens": micro, "micro_batch_overhead_tokens": overhead,
+           "grad_ckpt": ckpt, "param_dtype": param_dtype, "compute_dtype": "bfloat16"}
     t0 = time.monotonic()
     learner = Learner(cfg, a.model)
     row["load_s"] = time.monotonic() - t0
     row["params"] = sum(p.numel() for p in learner.model.parameters())
     batch, prompt_tokens, response_tokens = make_batch(a, VOCAB_SIZE)
     row.update(sequences=len(batch.request_ids), prompt_tokens=prompt_tokens, response_tokens=response_tokens)
+    micros = learner._micro_batches(batch, np.arange(len(batch.request_ids)))
+    lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
+    row["micro_batches"] = len(micros)
+    row["largest_micro_batch_tokens"] = int(max(len(m) * lens[m].max() for m in micros))  # rows x longest: what it computes
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         t0 = time.monotonic()
@@ -210,6 +218,7 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=300.0)
     ap.add_argument("--cache-dir", type=Path, default=ROOT / ".cache/flashq")
     ap.add_argument("--out", default="trainer_gpu", help="result name under bench/results ('none': do not write)")
+    ap.add_argument("--append", action="store_true", help="keep the result file's rows of settings not measured now")
     ap.add_argument("--jsonl", type=Path, default=None, help="also append each row here as it is measured")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--setting", default=None, help=argparse.SUPPRESS)
@@ -234,12 +243,17 @@ def main() -> None:
             with a.jsonl.open("a") as f:
                 f.write(json.dumps(row) + "\n")
     print_table(f"trainer steps at {a.preset}{f' ({a.layers} layers)' if a.layers else ''} on {machine().get('gpu') or a.device}", rows, [
-        ("label", "setting", ""), ("micro_batch_tokens", "micro-batch", "d"), ("fits", "fits", ""),
+        ("label", "setting", ""), ("micro_batch_tokens", "micro-batch", "d"), ("largest_micro_batch_tokens", "largest", "d"), ("fits", "fits", ""),
         ("step_s", "step s", ".2f"), ("tokens_per_s", "tokens/s", ".0f"), ("model_tflops_per_s", "model TFLOP/s", ".0f"),
         ("state_gib", "state GiB", ".1f"), ("peak_allocated_gib", "peak GiB", ".1f"), ("bf16_weights_changed_frac", "bf16 changed", ".4f"),
     ])
     if a.out == "none":
         return
+    if a.append:
+        from bench.common import RESULTS
+
+        old = json.loads((RESULTS / f"{a.out}.json").read_text())["results"]
+        rows = [r for r in old if r["label"] not in a.settings] + rows
     by = {r["label"]: r for r in rows}
     cfg_row, naive = by.get("config", {}), by.get("naive-16k", {})
     figures = {
@@ -249,6 +263,9 @@ def main() -> None:
         "config_peak_allocated_gib": cfg_row.get("peak_allocated_gib"),
         "naive_16k_fits": naive.get("fits"),
         "naive_16k_peak_allocated_gib": naive.get("peak_allocated_gib"),
+        "filled_16k_peak_allocated_gib": by.get("filled-16k", {}).get("peak_allocated_gib"),
+        "naive_filled_16k_fits": by.get("naive-filled-16k", {}).get("fits"),
+        "naive_filled_16k_peak_allocated_gib": by.get("naive-filled-16k", {}).get("peak_allocated_gib"),
         "bf16_changed_frac_float32_masters": cfg_row.get("bf16_weights_changed_frac"),
         "bf16_changed_frac_bf16_masters": by.get("bf16-masters", {}).get("bf16_weights_changed_frac"),
     }
