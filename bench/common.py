@@ -58,11 +58,14 @@ def command_line() -> str:
 
 
 def git_commit() -> str | None:
-    """HEAD, or FLASHQ_GIT_COMMIT where the tree travelled without its history (a GPU machine)."""
+    """HEAD, or FLASHQ_GIT_COMMIT where it is set: a tree copied to a GPU machine may carry a
+    stale .git (one such copy reported the session's first commit)."""
+    if os.environ.get("FLASHQ_GIT_COMMIT"):
+        return os.environ["FLASHQ_GIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except Exception:  # noqa: BLE001
-        return os.environ.get("FLASHQ_GIT_COMMIT")
+        return None
 
 
 def write_result(name: str, results: list[dict] | dict, figures: dict, notes: str = "") -> Path:
