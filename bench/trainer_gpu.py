@@ -1,5 +1,6 @@
 """The trainer on a GPU at Qwen2.5-1.5B's real size: memory and time of whole RL steps through
-flashq's own `Learner.train_step`, as `configs/gpu/*-1.5b-*.yaml` run it on each trainer rank.
+flashq's own `Learner.train_step` on one rank holding the whole model (unsharded), one minibatch
+a step and no KL reference model (the 1.5B configs train 4 minibatches a batch, over 4 FSDP2 ranks).
 
 The model is the published architecture with seeded random weights (flashq/models/real_size.py,
 built on the machine: nothing is downloaded). One batch is one rank's share of the 8-GPU config's
@@ -15,8 +16,9 @@ Each setting runs in its own process, so its peak memory is its own:
      push sends to vLLM) one step changed.
 Settings ("path"):
   flashq   flashq's logprob head (only the loss's positions projected, 1,024 rows at a time)
-  naive    the same Learner step with float32 logits over the whole vocabulary at every position
-           (`naive_token_logprobs`): what the trainer did before the head
+  naive    the same Learner step through `naive_token_logprobs`, the reference the tests compare
+           against: float32 logits, log-softmax and entropy over the whole vocabulary at every
+           position (the trainer before the head computed no entropy: about 3 fewer such tensors)
 A setting that runs out of GPU memory is recorded as "did not fit" with the allocator's message.
 
     python bench/trainer_gpu.py                     # on a CUDA machine, 1.5B, the settings below
@@ -123,7 +125,7 @@ def child(a) -> dict:
         "trainer.compute_dtype=bfloat16", f"trainer.gradient_checkpointing={str(ckpt).lower()}",
         f"trainer.micro_batch_tokens={micro}", f"trainer.micro_batch_overhead_tokens={overhead}", f"sampling.max_tokens={a.max_tokens}", f"sampling.group_size={a.group_size}",
         f"trainer.batch_groups={a.groups}", "trainer.lr=1e-6", "trainer.loss.policy=ppo", "trainer.loss.correction=tis_token",
-        f"rollout.max_model_len={a.max_tokens + 256}",
+        f"rollout.max_model_len={a.max_tokens + 256}", "trainer.share_prompts=false",
     ])
     if path == "naive":
         use_naive_logprobs()
@@ -132,6 +134,7 @@ def child(a) -> dict:
     t0 = time.monotonic()
     learner = Learner(cfg, a.model)
     row["load_s"] = time.monotonic() - t0
+    row["share_prompts"] = learner.share_prompts
     row["params"] = sum(p.numel() for p in learner.model.parameters())
     batch, prompt_tokens, response_tokens = make_batch(a, VOCAB_SIZE)
     row.update(sequences=len(batch.request_ids), prompt_tokens=prompt_tokens, response_tokens=response_tokens)
@@ -147,9 +150,10 @@ def child(a) -> dict:
         row["first_step_s"] = time.monotonic() - t0
         if cuda:
             torch.cuda.empty_cache()
-            row["state_gib"] = torch.cuda.memory_allocated() / GIB  # weights, gradients (freed: set_to_none) and Adam
+            row["state_gib"] = torch.cuda.memory_allocated() / GIB  # weights, gradients and Adam state
             torch.cuda.reset_peak_memory_stats()
-        before = {n: p.detach().to(torch.bfloat16).clone() for n, p in learner.model.named_parameters()}
+        # on the host: a copy on the GPU would count in the peak (it did in the first H100 runs)
+        before = {n: p.detach().to("cpu", torch.bfloat16) for n, p in learner.model.named_parameters()}
         times = []
         for i in range(a.steps):
             batch = msgspec.structs.replace(batch, batch_index=learner.version)
@@ -158,7 +162,7 @@ def child(a) -> dict:
             sync()
             times.append(time.monotonic() - t0)
             if i == 0:  # what one step at lr 1e-6 changed in the weights a push would send
-                changed = sum(int((p.detach().to(torch.bfloat16) != before[n]).sum()) for n, p in learner.model.named_parameters())
+                changed = sum(int((p.detach().to("cpu", torch.bfloat16) != before[n]).sum()) for n, p in learner.model.named_parameters())
                 row["bf16_weights_changed_frac"] = changed / row["params"]
                 del before
         row["step_s"] = float(np.mean(times))
