@@ -3,6 +3,7 @@ the trainer side is `WeightPusher`, the engine side `RolloutEngine`, and the cal
 go straight through instead of over sockets."""
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -25,6 +26,20 @@ def direct_rpc(engine, loop):
     return rpc
 
 
+async def tokens_received(engine, request_id: str, at_least: int, timeout: float = 120.0) -> int:
+    """Wait until vLLM's front end holds `at_least` output tokens of `request_id` (its output
+    processor's count, updated as each engine step's outputs arrive): an event, not a sleep."""
+    proc = engine.llm.output_processor
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [proc.request_states[i] for i in proc.external_req_ids.get(request_id, []) if i in proc.request_states]
+        n = states[0].detokenizer.num_output_tokens() if states else 0
+        if n >= at_least:
+            return n
+        assert time.monotonic() < deadline, f"{request_id}: {n} tokens after {timeout:.0f}s (wanted {at_least})"
+        await asyncio.sleep(0.01)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versions(tiny_model, device):
     """gloo on CPU; on a GPU machine the same path runs vLLM's own NCCL engines."""
@@ -44,7 +59,7 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
             pusher = await loop.run_in_executor(None, lambda: WeightPusher(cfg.weight_sync, model, rpc, 1, free_port(), torch.device(device)))
             prompt = np.array([2, 53, 47, 54, 65], np.int32)
             long = asyncio.create_task(engine.generate(GenerateRequest("long", "g", prompt, 600, 600, 1.0, 1.0, 1)))
-            await asyncio.sleep(0.5)
+            await tokens_received(engine, "long", 8)  # generating at version 0 when the push comes
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.05 * torch.randn_like(p))
