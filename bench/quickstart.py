@@ -9,8 +9,8 @@ command including setup, SFT, engine start and the report (the slowest seed's).
 One run's held-out gain moves by +-0.15 between seeds and even between runs at one seed (46
 held-out sums, sampled RL), so the gains are the mean over seeds, each seed's run listed. Seed k
 sets every seed in the config (run, task, SFT, trainer); seed 0 is exactly the user's command.
-The default seeds leave out 1, 2 and 100, which chose the quickstart's settings (trainer.steps,
-sft.steps). Seed 0's plot is copied to docs/quickstart.png for the README.
+The default seeds leave out 1, 2, 100, 101 and 102, which chose the quickstart's settings
+(trainer.steps, sft.steps). Seed 0's plot is copied to docs/quickstart.png for the README.
 
     python bench/quickstart.py                    # writes bench/results/quickstart.json
     python bench/quickstart.py --seeds 0 trainer.steps=200  # a quicker look (overrides go to the launcher)
