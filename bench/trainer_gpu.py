@@ -19,7 +19,8 @@ Settings ("path"):
   naive    the same Learner step through `naive_token_logprobs`, the reference the tests compare
            against: float32 logits, log-softmax and entropy over the whole vocabulary at every
            position (the trainer before the head computed no entropy: about 3 fewer such tensors)
-A setting that runs out of GPU memory is recorded as "did not fit" with the allocator's message.
+A setting that runs out of GPU memory is recorded as "did not fit" with the allocator's message;
+one that fails otherwise or outlasts --timeout-s, with its exit or the limit.
 
     python bench/trainer_gpu.py                     # on a CUDA machine, 1.5B, the settings below
     python bench/trainer_gpu.py --device cpu --preset qwen2.5-0.5b --layers 2 --groups 1 --group-size 4 \
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -197,12 +197,16 @@ def run_setting(a, setting: str) -> dict:
            "--steps", str(a.steps), "--groups", str(a.groups), "--group-size", str(a.group_size),
            "--median-len", str(a.median_len), "--max-tokens", str(a.max_tokens)]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout_s)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"label": setting, "fits": False, "error": f"timed out after {a.timeout_s:.0f}s", "wall_s": time.monotonic() - t0}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if lines:
         row = json.loads(lines[-1][len(RESULT_TAG):])
     else:
-        row = {"label": setting, "fits": False, "error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
+        last = proc.stderr.strip().splitlines()[-1:] or [""]
+        row = {"label": setting, "fits": False, "error": f"exit {proc.returncode}: {last[0]}"}
         sys.stderr.write(proc.stderr[-4000:])
     row["wall_s"] = time.monotonic() - t0
     return row
