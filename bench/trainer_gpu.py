@@ -19,10 +19,16 @@ Settings ("path"):
   naive    the same Learner step through `naive_token_logprobs`, the reference the tests compare
            against: float32 logits, log-softmax and entropy over the whole vocabulary at every
            position (the trainer before the head computed no entropy: about 3 fewer such tensors)
+--shipped CONFIG measures one setting, "shipped:<config name>": that config's own trainer section
+(minibatches, KL reference, loss, micro-batching, dtypes) and sampling, unchanged, on one rank
+holding the whole model; the batch is one rank's share of the config's (batch_groups / world_size
+groups of group_size), responses capped at its max_tokens, the preset matching its model.
 A setting that runs out of GPU memory is recorded as "did not fit" with the allocator's message;
 one that fails otherwise or outlasts --timeout-s, with its exit or the limit.
 
     python bench/trainer_gpu.py                     # on a CUDA machine, 1.5B, the settings below
+    python bench/trainer_gpu.py --shipped configs/gpu/gsm8k-qwen2.5-0.5b.yaml --append
+                                                    # one config's trainer as shipped (below)
     python bench/trainer_gpu.py --device cpu --preset qwen2.5-0.5b --layers 2 --groups 1 --group-size 4 \
         --median-len 40 --max-tokens 64 --out none  # a smoke test of the script itself
 """
@@ -110,16 +116,12 @@ def use_naive_logprobs() -> None:
 
 
 def child(a) -> dict:
-    import msgspec
-    import numpy as np
-    import torch
-
     from flashq.config import load_config
-    from flashq.models.real_size import VOCAB_SIZE
-    from flashq.trainer.learner import Learner
 
-    label, path, micro, ckpt, param_dtype, overhead = next(s for s in SETTINGS if s[0] == a.setting)
     cuda = a.device == "cuda"
+    if a.shipped:
+        return shipped_child(a)
+    label, path, micro, ckpt, param_dtype, overhead = next(s for s in SETTINGS if s[0] == a.setting)
     cfg = load_config(None, [
         f"model.name={a.model}", f"trainer.device={a.device}", f"trainer.param_dtype={param_dtype}",
         "trainer.compute_dtype=bfloat16", f"trainer.gradient_checkpointing={str(ckpt).lower()}",
@@ -131,14 +133,42 @@ def child(a) -> dict:
         use_naive_logprobs()
     row = {"label": label, "path": path, "micro_batch_tokens": micro, "micro_batch_overhead_tokens": overhead,
            "grad_ckpt": ckpt, "param_dtype": param_dtype, "compute_dtype": "bfloat16"}
+    return measure(a, cfg, row)
+
+
+def shipped_child(a) -> dict:
+    """A config file's trainer exactly as shipped, on one unsharded rank."""
+    from flashq.config import load_config
+
+    cfg = load_config(a.shipped, [f"model.name={a.model}", f"trainer.device={a.device}", "trainer.world_size=1",
+                                    "placement.trainer_gpus=[]", "placement.rollout_gpus=[]"])
+    tc = cfg.trainer
+    row = {"label": f"shipped:{cfg.name}", "path": "flashq", "config": str(a.shipped), "micro_batch_tokens": tc.micro_batch_tokens,
+           "micro_batch_overhead_tokens": tc.micro_batch_overhead_tokens, "grad_ckpt": tc.gradient_checkpointing,
+           "param_dtype": tc.param_dtype, "compute_dtype": tc.compute_dtype, "minibatches": tc.minibatches,
+           "kl_coef": tc.loss.kl_coef, "share_prompts_config": tc.share_prompts}
+    return measure(a, cfg, row)
+
+
+def measure(a, cfg, row: dict) -> dict:
+    """Build the Learner, train one step, then time `a.steps` more (module docstring)."""
+    import msgspec
+    import numpy as np
+    import torch
+
+    from flashq.models.real_size import VOCAB_SIZE
+    from flashq.trainer.learner import Learner
+
+    cuda = a.device == "cuda"
     t0 = time.monotonic()
     learner = Learner(cfg, a.model)
     row["load_s"] = time.monotonic() - t0
     row["share_prompts"] = learner.share_prompts
     row["params"] = sum(p.numel() for p in learner.model.parameters())
     batch, prompt_tokens, response_tokens = make_batch(a, VOCAB_SIZE)
-    row.update(sequences=len(batch.request_ids), prompt_tokens=prompt_tokens, response_tokens=response_tokens)
-    micros = learner._micro_batches(batch, np.arange(len(batch.request_ids)))
+    row.update(sequences=len(batch.request_ids), prompt_tokens=prompt_tokens, response_tokens=response_tokens,
+               median_len=a.median_len, max_tokens=a.max_tokens)
+    micros = [m for mb in learner._minibatches(len(batch.request_ids)) for m in learner._micro_batches(batch, mb)]
     lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
     row["micro_batches"] = len(micros)
     row["largest_micro_batch_tokens"] = int(max(len(m) * lens[m].max() for m in micros))  # rows x longest: what it computes
@@ -192,10 +222,21 @@ def child(a) -> dict:
 # ----------------------------------------------------------------------------- parent
 
 
+def shipped_shape(a) -> None:
+    """--shipped: the batch, preset and setting come from the config file, not the flags."""
+    from flashq.config import load_config
+
+    cfg = load_config(a.shipped, [])
+    a.groups = a.groups or cfg.trainer.batch_groups // cfg.trainer.world_size  # --groups: smoke tests
+    a.group_size, a.max_tokens = cfg.sampling.group_size, cfg.sampling.max_tokens
+    a.preset = {"Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b", "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b"}[cfg.model.name]
+    a.settings = [f"shipped:{cfg.name}"]
+
+
 def run_setting(a, setting: str) -> dict:
     cmd = [sys.executable, __file__, "--child", "--setting", setting, "--model", a.model, "--device", a.device,
            "--steps", str(a.steps), "--groups", str(a.groups), "--group-size", str(a.group_size),
-           "--median-len", str(a.median_len), "--max-tokens", str(a.max_tokens)]
+           "--median-len", str(a.median_len), "--max-tokens", str(a.max_tokens)] + (["--shipped", str(a.shipped)] if a.shipped else [])
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout_s)
@@ -219,7 +260,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--settings", nargs="*", default=[s[0] for s in SETTINGS])
     ap.add_argument("--steps", type=int, default=2, help="timed steps after the first")
-    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--groups", type=int, default=None, help="16; with --shipped, the config's share")
     ap.add_argument("--group-size", type=int, default=16)
     ap.add_argument("--median-len", type=int, default=300)
     ap.add_argument("--max-tokens", type=int, default=1536)
@@ -228,6 +269,7 @@ def main() -> None:
     ap.add_argument("--out", default="trainer_gpu", help="result name under bench/results ('none': do not write)")
     ap.add_argument("--append", action="store_true", help="keep the result file's rows of settings not measured now")
     ap.add_argument("--jsonl", type=Path, default=None, help="also append each row here as it is measured")
+    ap.add_argument("--shipped", type=Path, default=None, help="measure this config's trainer as shipped (module docstring)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--setting", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
@@ -239,6 +281,9 @@ def main() -> None:
     from bench.common import keep_earlier, machine, print_table, write_result
     from flashq.models.real_size import RealSizeSpec, ensure_real_size_model
 
+    if a.shipped:
+        shipped_shape(a)
+    a.groups = a.groups or 16
     t0 = time.monotonic()
     a.model = str(ensure_real_size_model(RealSizeSpec(a.preset, a.layers), a.cache_dir))
     print(f"model {a.model} ready in {time.monotonic() - t0:.0f}s", flush=True)
