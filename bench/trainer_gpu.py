@@ -234,6 +234,7 @@ def shipped_shape(a) -> None:
 
 
 def run_setting(a, setting: str) -> dict:
+    from bench.common import git_commit
     cmd = [sys.executable, __file__, "--child", "--setting", setting, "--model", a.model, "--device", a.device,
            "--steps", str(a.steps), "--groups", str(a.groups), "--group-size", str(a.group_size),
            "--median-len", str(a.median_len), "--max-tokens", str(a.max_tokens)] + (["--shipped", str(a.shipped)] if a.shipped else [])
@@ -250,6 +251,7 @@ def run_setting(a, setting: str) -> dict:
         row = {"label": setting, "fits": False, "error": f"exit {proc.returncode}: {last[0]}"}
         sys.stderr.write(proc.stderr[-4000:])
     row["wall_s"] = time.monotonic() - t0
+    row["git_commit"] = git_commit()
     return row
 
 
