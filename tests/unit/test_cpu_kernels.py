@@ -22,3 +22,18 @@ def test_expand_leaves_the_buffer_tail_alone():
     out = torch.full((4,), -1.0)
     expand_kernel(out, torch.tensor([0.5]), torch.tensor([2]), 0, 1)
     assert out.tolist() == [0.5, 0.5, -1.0, -1.0]
+
+
+def test_install_makes_vllms_sampler_count_token_ranks_eagerly():
+    """vLLM's sampler counts the sampled token's rank through a `torch.compile`d function: on a
+    CPU an inductor compile in a fresh engine's first steps (some 3 s of every run's first batch).
+    After `install` (run by flashq's vLLM plugin in every vLLM process) it counts eagerly."""
+    from vllm.v1.sample import sampler
+
+    from flashq.engine.cpu_kernels import install, token_ranks
+
+    install()
+    assert sampler.batched_count_greater_than is token_ranks
+    logprobs = torch.tensor([[-0.1, -2.0, -0.5, -0.5], [-3.0, -0.2, -0.9, -0.2]])
+    sampled = torch.tensor([[-0.5], [-0.2]])
+    assert sampler.batched_count_greater_than(logprobs, sampled).tolist() == [3, 2]  # ties count, as vLLM's do
