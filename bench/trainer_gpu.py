@@ -118,7 +118,6 @@ def use_naive_logprobs() -> None:
 def child(a) -> dict:
     from flashq.config import load_config
 
-    cuda = a.device == "cuda"
     if a.shipped:
         return shipped_child(a)
     label, path, micro, ckpt, param_dtype, overhead = next(s for s in SETTINGS if s[0] == a.setting)
@@ -235,6 +234,7 @@ def shipped_shape(a) -> None:
 
 def run_setting(a, setting: str) -> dict:
     from bench.common import git_commit
+
     cmd = [sys.executable, __file__, "--child", "--setting", setting, "--model", a.model, "--device", a.device,
            "--steps", str(a.steps), "--groups", str(a.groups), "--group-size", str(a.group_size),
            "--median-len", str(a.median_len), "--max-tokens", str(a.max_tokens)] + (["--shipped", str(a.shipped)] if a.shipped else [])
