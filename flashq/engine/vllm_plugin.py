@@ -117,6 +117,9 @@ def run_engine_core_then_exit(*args, **kwargs) -> None:
 
     from flashq.roles.common import exit_without_teardown
 
+    from flashq.engine.engine_process import apply_launch_environment
+
+    apply_launch_environment()  # before vLLM loads plugins (flashq's reads its settings from the environment)
     run = getattr(EngineCoreProc, "flashq_run_engine_core", EngineCoreProc.run_engine_core)
     relay_signals_to_main_thread()
     if getattr(multiprocessing.current_process(), "_start_method", None) == "fork":

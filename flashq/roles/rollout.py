@@ -17,7 +17,7 @@ import time
 
 from flashq.config import FlashqConfig
 from flashq.metrics import BusyClock
-from flashq.engine.vllm_engine import RolloutEngine
+from flashq.engine.vllm_engine import RolloutEngine, prepare_engine_process
 from flashq.protocol import (
     Cancel,
     EpisodeRequest,
@@ -70,6 +70,7 @@ class RolloutWorker:
         self.episode_counts = {"episodes": 0, "episodes_failed": 0, "episodes_cancelled": 0, "env_s": 0.0}
 
     async def run(self) -> None:
+        prepare_engine_process(self.cfg)  # before vLLM's import below
         from vllm.platforms import current_platform
 
         device = "cpu" if current_platform.is_cpu() else "cuda"
