@@ -70,7 +70,7 @@ class RolloutEngine:
         from flashq.engine.engine_process import launching_engine_core
 
         rc = self.cfg.rollout
-        prepare_engine_process(self.cfg, self.device)
+        prepare_engine_process(self.cfg, self.device)  # before vLLM's import
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

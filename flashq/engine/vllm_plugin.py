@@ -115,9 +115,8 @@ def run_engine_core_then_exit(*args, **kwargs) -> None:
 
     from vllm.v1.engine.core import EngineCoreProc
 
-    from flashq.roles.common import exit_without_teardown
-
     from flashq.engine.engine_process import apply_launch_environment
+    from flashq.roles.common import exit_without_teardown
 
     apply_launch_environment()  # before vLLM loads plugins (flashq's reads its settings from the environment)
     run = getattr(EngineCoreProc, "flashq_run_engine_core", EngineCoreProc.run_engine_core)
