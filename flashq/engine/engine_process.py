@@ -72,7 +72,8 @@ def launching_engine_core():
     def forkserver_context():
         changed = {k: v for k, v in os.environ.items() if _server_env.get(k) != v}
         removed = [k for k in _server_env if k not in os.environ]
-        with open(os.environ[ENV_FILE], "w") as f:
+        fd = os.open(os.environ[ENV_FILE], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the worker's variables: its user's alone
+        with os.fdopen(fd, "w") as f:
             json.dump({"set": changed, "unset": removed}, f)
         return multiprocessing.get_context("forkserver")
 
