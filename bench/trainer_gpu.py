@@ -228,7 +228,10 @@ def shipped_shape(a) -> None:
     cfg = load_config(a.shipped, [])
     a.groups = a.groups or cfg.trainer.batch_groups // cfg.trainer.world_size  # --groups: smoke tests
     a.group_size, a.max_tokens = cfg.sampling.group_size, cfg.sampling.max_tokens
-    a.preset = {"Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b", "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b"}[cfg.model.name]
+    presets = {"Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b", "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b"}
+    if cfg.model.name not in presets:
+        raise SystemExit(f"--shipped {a.shipped}: model.name {cfg.model.name!r} has no real-size preset (one of {sorted(presets)})")
+    a.preset = presets[cfg.model.name]
     a.settings = [f"shipped:{cfg.name}"]
 
 
