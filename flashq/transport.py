@@ -2,7 +2,9 @@
 
 One ROUTER socket (`Hub`, in the coordinator) and one DEALER socket per other role (`Link`).
 Every frame passes through `codec`: a frame that does not decode is dropped with a logged,
-counted reason (`rejected`), and the socket carries on.
+counted reason (`rejected`), and the socket carries on. Messages bound for one peer at the
+same moment travel as one bundle (`codec.pack`): the hub's `send_all`, and a link's sends made
+in the same turn of the event loop (a rollout worker's answers to one engine step).
 
 Backpressure has two layers. The application gives credits: the coordinator never has more
 than a cap of requests in flight per worker, the trainer asks for each batch. Below that, the
@@ -21,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 import zmq.auth
 
-from flashq.codec import Decoder, Encoder, RejectedFrame
+from flashq.codec import MAX_BUNDLE, Decoder, Encoder, RejectedFrame, pack, unpack
 from flashq.protocol import Message
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,21 @@ class _Codec:
         self.encoder = Encoder()
         self.decoder = Decoder(max_message_bytes)
         self.rejected: Counter[str] = Counter()
+
+    def decode_all(self, peer: str, frames: list) -> list[Message]:
+        """Every valid message in one received ZeroMQ message; the rest are counted."""
+        try:
+            parts = unpack(frames)
+        except RejectedFrame as e:
+            self.reject(peer, e)
+            return []
+        out = []
+        for part in parts:
+            try:
+                out.append(self.decoder.decode(part))
+            except RejectedFrame as e:
+                self.reject(peer, e)
+        return out
 
     def reject(self, peer: str, err: RejectedFrame) -> None:
         key = err.reason.split(":")[0][:80]
@@ -113,13 +130,22 @@ class Hub:
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.codec = _Codec(max_message_bytes)
         self.last_seen: dict[str, float] = {}
+        self.inbox: deque[tuple[str, Message]] = deque()
 
     async def send(self, peer: str, msg: Message) -> None:
         """Queue `msg` for `peer` without waiting: a peer whose queue is full (it has stopped
         reading, with `hwm` messages waiting) is lost, since waiting for it would stop the
         coordinator talking to everyone else, and a peer that waits to send to the coordinator
         in turn would never be read again."""
-        frames = self.codec.encoder.encode(msg)
+        await self.send_all(peer, [msg])
+
+    async def send_all(self, peer: str, msgs: list[Message]) -> None:
+        """`send` for several messages to one peer, in order, as few ZeroMQ messages as bundles allow."""
+        for i in range(0, len(msgs), MAX_BUNDLE):
+            frames = pack([self.codec.encoder.encode(m) for m in msgs[i:i + MAX_BUNDLE]])
+            await self._send_frames(peer, frames)
+
+    async def _send_frames(self, peer: str, frames: list) -> None:
         try:
             await self.sock.send_multipart([peer.encode(), *frames], copy=False, flags=zmq.DONTWAIT)
         except zmq.Again:
@@ -131,14 +157,12 @@ class Hub:
 
     async def recv(self) -> tuple[str, Message]:
         """Next valid message; invalid frames are counted and skipped."""
-        while True:
+        while not self.inbox:
             ident, *frames = await self.sock.recv_multipart(copy=False)
             peer = _peer_name(bytes(ident.buffer))
             self.last_seen[peer] = time.monotonic()
-            try:
-                return peer, self.codec.decoder.decode(frames)
-            except RejectedFrame as e:
-                self.codec.reject(peer, e)
+            self.inbox.extend((peer, m) for m in self.codec.decode_all(peer, frames))
+        return self.inbox.popleft()
 
     @property
     def rejected(self) -> Counter[str]:
@@ -170,18 +194,44 @@ class Link:
         self.identity = identity
         self.codec = _Codec(max_message_bytes)
         self.last_seen = time.monotonic()
+        self.inbox: deque[Message] = deque()
+        self._bundle: tuple[list[list], asyncio.Future] | None = None
 
     async def send(self, msg: Message) -> None:
-        await self.sock.send_multipart(self.codec.encoder.encode(msg), copy=False)
+        """Send `msg`, bundled with whatever else this link sends in the same turn of the event
+        loop. The first sender of a turn yields once, then sends them all; every sender returns
+        once its bundle is on the socket (or raises what the send raised), so backpressure
+        reaches them all."""
+        frames = self.codec.encoder.encode(msg)
+        if self._bundle is not None and len(self._bundle[0]) < MAX_BUNDLE:
+            self._bundle[0].append(frames)
+            await asyncio.shield(self._bundle[1])
+            return
+        messages, sent = [frames], asyncio.get_running_loop().create_future()
+        self._bundle = (messages, sent)
+        try:
+            await asyncio.sleep(0)
+            self._close_bundle(sent)
+            await self.sock.send_multipart(pack(messages), copy=False)
+        except BaseException as e:
+            self._close_bundle(sent)
+            if len(messages) > 1:  # the others wait on this send: tell them why it did not happen
+                sent.set_exception(PeerLost(f"{self.identity}: the send carrying {len(messages)} messages failed: {e!r}"))
+            else:
+                sent.cancel()
+            raise
+        sent.set_result(None)
+
+    def _close_bundle(self, sent: asyncio.Future) -> None:
+        if self._bundle is not None and self._bundle[1] is sent:
+            self._bundle = None
 
     async def recv(self) -> Message:
-        while True:
+        while not self.inbox:
             frames = await self.sock.recv_multipart(copy=False)
             self.last_seen = time.monotonic()
-            try:
-                return self.codec.decoder.decode(frames)
-            except RejectedFrame as e:
-                self.codec.reject("coordinator", e)
+            self.inbox.extend(self.codec.decode_all("coordinator", frames))
+        return self.inbox.popleft()
 
     async def recv_within(self, timeout_s: float, waiting_for: str) -> Message:
         try:

@@ -261,12 +261,15 @@ class Coordinator(StepMetrics):
                      "  ".join(f"{k} {v:.3f}" for k, v in record.items() if k in ("mean_reward", "greedy_accuracy") or k.startswith("pass@")))
         self.orch.eval_records = []
         outbox, self.orch.outbox = self.orch.outbox, []
-        lost = False
+        by_peer: dict[str, list[Message]] = {}
         for peer, msg in outbox:
+            by_peer.setdefault(peer, []).append(msg)
+        lost = False
+        for peer, msgs in by_peer.items():
             if peer != "trainer" and peer not in self.alive:
                 continue  # re-queued when the peer was lost
             try:
-                await self.hub.send(peer, msg)
+                await self.hub.send_all(peer, msgs)  # one bundle: a send and a wake-up, not one per message
             except PeerLost:
                 if not self.tolerant or peer == "trainer":
                     raise

@@ -139,3 +139,72 @@ def test_curve_keys_encrypt_and_refuse_peers_without_the_client_key(tmp_path):
                 s.close()
 
     asyncio.run(scenario())
+
+
+def test_messages_sent_together_travel_as_one_bundle_and_arrive_in_order():
+    """A link's sends in one turn of the event loop (a rollout worker's answers to one engine
+    step) and a hub's `send_all` each go as one ZeroMQ message; the receiver gets every message,
+    in order, one at a time."""
+
+    async def main():
+        hub = Hub("tcp://127.0.0.1:*")
+        link = Link(hub.address, "rollout-0")
+        await link.send(Heartbeat(0.0))
+        await hub.recv()
+        raw_counts = []
+        real_recv = hub.sock.recv_multipart
+
+        async def counting_recv(*args, **kwargs):
+            frames = await real_recv(*args, **kwargs)
+            raw_counts.append(len(frames))
+            return frames
+
+        hub.sock.recv_multipart = counting_recv
+        await asyncio.gather(*(link.send(sample(i, n=10 + i)) for i in range(50)))
+        got = [await hub.recv() for _ in range(50)]
+        assert [int(m.token_ids[0]) for _, m in got] == list(range(50))
+        assert {p for p, _ in got} == {"rollout-0"}
+        assert len(raw_counts) == 1  # one ZeroMQ message for all fifty
+
+        await hub.send_all("rollout-0", [Heartbeat(float(i)) for i in range(20)])
+        assert [(await link.recv()).sent_at for _ in range(20)] == [float(i) for i in range(20)]
+        assert not link.inbox
+        hub.close(), link.close()
+
+    run(main())
+
+
+def test_a_bad_message_inside_a_bundle_costs_only_itself():
+    from flashq.codec import BUNDLE_MARK, pack
+
+    async def main():
+        hub = Hub("tcp://127.0.0.1:*")
+        rogue = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        rogue.setsockopt(zmq.IDENTITY, b"rogue")
+        rogue.connect(hub.address)
+        enc = Encoder()
+        await rogue.send_multipart(pack([enc.encode(Heartbeat(1.0)), [b"\x92\x01\xc1"], enc.encode(Heartbeat(2.0))]))
+        await rogue.send_multipart([BUNDLE_MARK, b"\x92\x01\x05", *enc.encode(Heartbeat(9.0))])  # counts do not add up
+        await rogue.send_multipart([BUNDLE_MARK])
+        await rogue.send_multipart(enc.encode(Heartbeat(3.0)))
+        got = [(await hub.recv())[1].sent_at for _ in range(3)]
+        assert got == [1.0, 2.0, 3.0]
+        assert sum(hub.rejected.values()) == 3
+        reasons = " ".join(hub.rejected)
+        assert "bundle frame counts" in reasons and "bundle without its frame counts" in reasons
+        rogue.close(linger=0), hub.close()
+
+    run(main())
+
+
+def test_when_a_bundle_cannot_be_sent_every_sender_in_it_hears_why():
+    async def main():
+        hub = Hub("tcp://127.0.0.1:*")
+        link = Link(hub.address, "reward-0")
+        link.sock.close(linger=0)
+        results = await asyncio.gather(*(link.send(Heartbeat(float(i))) for i in range(3)), return_exceptions=True)
+        assert isinstance(results[0], zmq.ZMQError)
+        assert all(isinstance(r, PeerLost) and "the send carrying 3 messages failed" in str(r) for r in results[1:])
+        hub.close()
+
+    run(main())
