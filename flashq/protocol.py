@@ -163,6 +163,7 @@ class Sample(Msg, tag="sample"):
     env_seconds: float = 0.0
     segment_ends: np.ndarray = msgspec.field(default_factory=_empty_i32)  # split episodes: int32 cumulative; empty: one segment
     prompt_ends: np.ndarray = msgspec.field(default_factory=_empty_i32)  # split episodes: int32 cumulative, one per segment
+    text: str | None = None  # the response as the reward reads it, decoded by the rollout worker; None: the reward worker decodes
 
     @staticmethod
     def empty_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -22,7 +22,9 @@ log = logging.getLogger("flashq.reward")
 
 
 class RewardScorer:
-    """Plain, socket-free scoring: decode, call the plug-in under a timeout, never raise."""
+    """Plain, socket-free scoring: the response's text, the plug-in under a timeout, never raise.
+    The text comes decoded by the rollout worker; `decode` (token ids -> text) serves samples
+    that arrive without it."""
 
     def __init__(self, runner: RewardRunner, decode):
         self.runner = runner
@@ -32,7 +34,7 @@ class RewardScorer:
         t0 = time.monotonic()
         rid = req.sample.request_id
         try:
-            text = self.decode(req.sample.token_ids)
+            text = req.sample.text if req.sample.text is not None else self.decode(req.sample.token_ids)
             value = float(await self.runner(req.task, text))
             if value != value or value in (float("inf"), float("-inf")):
                 raise ValueError(f"reward function returned {value}")
@@ -54,14 +56,12 @@ class RewardWorker:
         self.clock = BusyClock()
         self.scored = 0
         self.errors = 0
+        self.tokenizer = None
 
     async def run(self) -> None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
         rc = self.cfg.reward
         runner = RewardRunner(rc.function, rc.executor, rc.pool_workers, rc.timeout_s)
-        self.scorer = RewardScorer(runner, lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=True))
+        self.scorer = RewardScorer(runner, self._decode)
         await runner.start()
         self.link = connect(self.cfg, self.address, self.role)
         await handshake(self.link, self.cfg, hello(self.role))
@@ -69,6 +69,14 @@ class RewardWorker:
             await serve_until_done(self._serve, heartbeat(self.link, self.cfg), self._report_stats())
         finally:
             runner.close()
+
+    def _decode(self, ids) -> str:
+        """For a sample that arrives without its text; the tokenizer loads on first use only."""
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
 
     async def _serve(self, tg: asyncio.TaskGroup) -> None:
         while True:

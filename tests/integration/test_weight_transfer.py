@@ -86,6 +86,11 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
     with torch.no_grad():
         trainer_lp = naive_token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0][0, len(prompt) - 1 :].cpu().numpy()
     assert np.max(np.abs(trainer_lp - after.logprobs)) < 1e-3
+    # the text the reward reads comes with the sample, decoded as the reward worker would
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    assert after.text == tokenizer.decode(after.token_ids.tolist(), skip_special_tokens=True)
 
 
 STOP_BOOST = 20.0  # the stop token's embedding row (tied: its logit) scaled, p(stop) a few %

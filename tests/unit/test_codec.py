@@ -87,6 +87,7 @@ def test_wire_field_order_is_pinned():
         "request_id", "group_id", "worker", "token_ids", "logprobs", "versions", "finish_reason", "gen_seconds",
         "prompt_ids", "loss_mask", "env_reward", "turns", "error", "env_seconds",  # appended for episodes, with defaults
         "segment_ends", "prompt_ends",  # appended for split agent episodes, with defaults
+        "text",  # appended: the response decoded by the rollout worker, default None
     )
     assert P.GenerateRequest.__struct_fields__[:4] == ("request_id", "group_id", "prompt_ids", "max_tokens")
     assert P.SCHEMA_VERSION == 1

@@ -186,3 +186,26 @@ def test_math_verify_runs_in_the_process_pool_through_the_runner():
             runner.close()
 
     assert asyncio.run(main()) == 1.0
+
+
+def test_a_sample_carrying_its_text_is_scored_from_it_without_decoding():
+    """The rollout worker decodes with the tokenizer vLLM loaded anyway; the reward worker
+    then needs no tokenizer of its own (it decodes only samples that come without text)."""
+
+    def no_decode(ids):
+        raise AssertionError("decoded a sample that carried its text")
+
+    async def main():
+        runner = RewardRunner("flashq.rewards.builtin:exact_match", "thread", 1, 5.0)
+        try:
+            req = request()
+            req.sample.text = "12"
+            right = await RewardScorer(runner, no_decode).score(req)
+            req.sample.text = "13"  # the text is what is scored, not a fresh decode of the ids
+            wrong = await RewardScorer(runner, no_decode).score(req)
+            return right, wrong
+        finally:
+            runner.close()
+
+    right, wrong = asyncio.run(main())
+    assert (right.reward, right.error, wrong.reward) == (1.0, "", 0.0)
