@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from flashq.config import FlashqConfig
-from flashq.data import chat_messages, training_tasks
+from flashq.data import chat_encoder, chat_messages, training_tasks
 from flashq.rewards import load_reward_fn
 
 log = logging.getLogger("flashq.sft")
@@ -150,6 +150,7 @@ def run_sft(cfg: FlashqConfig) -> Path:
     tokenizer.save_pretrained(tmp)
     (tmp / "flashq_sft.json").write_text(json.dumps(summary, indent=2))
     tmp.rename(out)
+    chat_encoder.remember(type(tokenizer).from_pretrained(str(out)), out, cfg.model.cache_dir)  # the RL run's coordinator encodes from it
     return out
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from flashq import checkpoint
 from flashq.config import FlashqConfig
 from flashq.data import chat_messages, evaluation_tasks, training_tasks
+from flashq.data.chat_encoder import ChatEncoder
 from flashq.metrics import MetricsLog
 from flashq.trackers import make_trackers
 from flashq.orchestrator.core import Orchestrator
@@ -99,18 +100,14 @@ class Coordinator(StepMetrics):
         self.told_to_restart: set[str] = set()
 
     async def run(self) -> None:
-        from transformers import AutoTokenizer
-
         t = self.cfg.transport
         self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=self.cfg.message_limit_bytes, curve_keys=t.curve_keys)
         log.info("coordinator listening on %s", self.hub.address)
-        tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(self.cfg)))
-
+        encoder = ChatEncoder(resolve_model(self.cfg), self.cfg.model.cache_dir)
         system_prompt = self.cfg.task.system_prompt
 
         def encode(task: dict) -> np.ndarray:
-            text = tokenizer.apply_chat_template(chat_messages(task, system_prompt), add_generation_prompt=True, tokenize=False)
-            return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+            return np.asarray(encoder.encode(chat_messages(task, system_prompt)), dtype=np.int32)
 
         self.orch = Orchestrator(self.cfg, training_tasks(self.cfg), encode, self.rollouts, self.rewards, eval_tasks=evaluation_tasks(self.cfg))
         if self.cfg.resume_from:
