@@ -164,7 +164,7 @@ def test_messages_sent_together_travel_as_one_bundle_and_arrive_in_order():
         got = [await hub.recv() for _ in range(50)]
         assert [int(m.token_ids[0]) for _, m in got] == list(range(50))
         assert {p for p, _ in got} == {"rollout-0"}
-        assert len(raw_counts) == 1  # one ZeroMQ message for all fifty
+        assert raw_counts == [4]  # one ZeroMQ message for all fifty: the sender's name and three frames
 
         await hub.send_all("rollout-0", [Heartbeat(float(i)) for i in range(20)])
         assert [(await link.recv()).sent_at for _ in range(20)] == [float(i) for i in range(20)]
@@ -184,14 +184,16 @@ def test_a_bad_message_inside_a_bundle_costs_only_itself():
         rogue.connect(hub.address)
         enc = Encoder()
         await rogue.send_multipart(pack([enc.encode(Heartbeat(1.0)), [b"\x92\x01\xc1"], enc.encode(Heartbeat(2.0))]))
-        await rogue.send_multipart([BUNDLE_MARK, b"\x92\x01\x05", *enc.encode(Heartbeat(9.0))])  # counts do not add up
+        one = enc.encode(Heartbeat(9.0))[0]
+        await rogue.send_multipart([BUNDLE_MARK, b"\x92\x91\x01\x91\x05", one + one])  # sizes do not add up
+        await rogue.send_multipart([BUNDLE_MARK, b"\x92\x01\x05", one + one])  # not a list of lists
         await rogue.send_multipart([BUNDLE_MARK])
         await rogue.send_multipart(enc.encode(Heartbeat(3.0)))
         got = [(await hub.recv())[1].sent_at for _ in range(3)]
         assert got == [1.0, 2.0, 3.0]
-        assert sum(hub.rejected.values()) == 3
+        assert sum(hub.rejected.values()) == 4
         reasons = " ".join(hub.rejected)
-        assert "bundle frame counts" in reasons and "bundle without its frame counts" in reasons
+        assert "do not split its" in reasons and "unreadable" in reasons and "bundle of 1 frames" in reasons
         rogue.close(linger=0), hub.close()
 
     run(main())
