@@ -7,7 +7,10 @@ Here the model's `lm_head` is replaced by a `LogprobHead` holding the same weigh
 stay tied, checkpoint names do not change). While a request is bound to it, the head projects only
 the positions the loss reads, `chunk_tokens` rows at a time; each chunk runs under activation
 checkpointing, so its logits are freed at once and recomputed, one chunk at a time, in backward.
-The entropy of each token's distribution comes from the same chunk logits, without a gradient.
+Logits that would take at most `keep_logits_bytes` are kept for backward instead: recomputing
+them only costs time (on the quickstart's tiny model the recompute and checkpoint machinery were
+8% of the trainer's CPU). The entropy of each token's distribution comes from the same chunk
+logits, without a gradient.
 
 The head runs inside the model's own forward, so FSDP's hooks gather and free its weight as usual.
 """
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+KEEP_LOGITS_BYTES = 64 << 20  # a request's float32 logits up to this size are kept, not recomputed
 
 
 @dataclass
@@ -60,6 +65,7 @@ class LogprobHead(torch.nn.Module):
         self.weight = lm_head.weight
         self.bias = lm_head.bias
         self.chunk_tokens = chunk_tokens
+        self.keep_logits_bytes = KEEP_LOGITS_BYTES
         self.request: _Request | None = None
 
     @property
@@ -80,6 +86,8 @@ class LogprobHead(torch.nn.Module):
         targets = req.targets
         if not len(rows):  # keep the graph connected (FSDP ranks must all run backward)
             rows, targets = hidden[:1, 0], targets.new_zeros(1)
+        if len(rows) * self.out_features * max(4, self.weight.element_size()) <= self.keep_logits_bytes:
+            return torch.stack(_chunk(rows, self.weight, self.bias, targets, req.temperature, req.banned))
         parts = [
             checkpoint(
                 _chunk, rows[i : i + self.chunk_tokens], self.weight, self.bias, targets[i : i + self.chunk_tokens],

@@ -32,7 +32,8 @@ def grads(model):
 
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("temperature, banned", [(1.0, None), (0.7, torch.tensor([3, 5]))])
-def test_chunked_logprobs_entropy_and_gradients_equal_the_naive_path(tied, temperature, banned):
+@pytest.mark.parametrize("keep_logits_bytes", [0, 1 << 20], ids=["recomputed", "kept"])
+def test_chunked_logprobs_entropy_and_gradients_equal_the_naive_path(tied, temperature, banned, keep_logits_bytes):
     ids, attn, select = batch()
     adv = torch.linspace(-1, 1, 10, dtype=torch.float64)
 
@@ -42,7 +43,8 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_naive_path(tied, tempe
     ((logp_ref * mask * adv).sum()).backward()
     want = grads(model)
 
-    install_logprob_head(model, chunk_tokens=3)  # 12 selected positions: chunks of 3, 3, 3, 3
+    head = install_logprob_head(model, chunk_tokens=3)  # 12 selected positions: chunks of 3, 3, 3, 3
+    head.keep_logits_bytes = keep_logits_bytes  # 0: every chunk checkpointed; 1 MiB: all 12 rows' logits kept
     model.zero_grad()
     logp, ent = token_logprobs(model, ids, attn, temperature, select, banned)
     ((logp * mask * adv).sum()).backward()
