@@ -181,6 +181,7 @@ class Launcher:
         self.roles: list[RoleProcess] = []
         self.stopping = False
         self.restarts = 0
+        self.report_job: asyncio.Future | None = None  # report.png and summary.json, once the coordinator is done
         self.backend = backend
         self.ray = None
         self.external = set(external)
@@ -319,6 +320,7 @@ class Launcher:
                     if status != 0:
                         failed.append((role, status))
                     elif role.name == "coordinator":
+                        self._start_report()  # its metrics are final: plot while the others shut down
                         await self._await_clean_exit(pending, exits)
                         pending.clear()
                     elif early_exit is None:
@@ -343,7 +345,7 @@ class Launcher:
         if code == 0 and self.restarts:
             self.say(f"[yellow]{self.restarts} restart(s) during the run: {self.run_dir / 'restarts.jsonl'}[/]")
         if code == 0:
-            self._report()
+            await self._report()
             self.say(f"[bold green]done[/]: metrics in {self.run_dir / 'metrics.jsonl'}, logs in {self.run_dir / 'logs'}")
         return code
 
@@ -377,13 +379,20 @@ class Launcher:
         self.cfg.sft.warm_start = False  # the written config must not warm-start again on resume
         return 0
 
-    def _report(self) -> None:
-        from rich.panel import Panel
-
+    def _start_report(self) -> None:
+        """Write report.png and summary.json on a thread, from the coordinator's final metrics,
+        while the other roles end (plotting took about a second after they had all ended)."""
         from flashq.report import write_report
 
+        self.report_job = asyncio.get_running_loop().run_in_executor(None, write_report, self.run_dir)
+
+    async def _report(self) -> None:
+        from rich.panel import Panel
+
+        if self.report_job is None:
+            self._start_report()
         try:
-            png, text = write_report(self.run_dir)
+            png, text = await self.report_job
         except Exception as e:  # noqa: BLE001 - a report problem must not fail a finished run
             self.say(f"[yellow]could not write the report: {e}[/]")
             return

@@ -87,6 +87,7 @@ def test_sync_run_is_on_policy_and_evaluates_and_samples_dynamically(tmp_path):
     assert all(r["train/zero_variance_groups"] == 0 for r in records if r["kind"] == "step")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["eval_last"]["step"] == 4
+    assert (tmp_path / "report.png").stat().st_size > 0 and "summary" in proc.stdout  # plotted while the roles ended
 
 
 def _flashq_processes(run_dir):
