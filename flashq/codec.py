@@ -30,6 +30,7 @@ INLINE_LIMIT = 1024
 # frame 0 of a bundle; 0xc1 is the one byte msgpack never uses, so no envelope starts with it
 BUNDLE_MARK = b"\xc1flashq-bundle-1"
 MAX_BUNDLE = 4096  # messages in one bundle
+BUNDLE_BYTES = 8 << 20  # and bytes: past this a message's own overhead is negligible anyway
 # wire name (numpy's byte-order-explicit dtype string) -> dtype; anything else is refused
 ALLOWED_DTYPES = {d.str: d for d in map(np.dtype, ("<i4", "<i8", "<f4", "<f8", "|u1", "|b1"))}
 MAX_ARRAY_DIMS = 4
@@ -136,6 +137,10 @@ class Decoder:
             raise ValueError(f"array of shape {shape} {dtype} needs {count * dtype.itemsize} bytes, frame has {size}")
         arr = np.frombuffer(buf, dtype=dtype)
         return arr if len(shape) == 1 else arr.reshape(shape)
+
+
+def frames_nbytes(frames: list[Any]) -> int:
+    return sum(_view(f).nbytes for f in frames)
 
 
 def pack(messages: list[list[Any]]) -> list[Any]:

@@ -30,7 +30,7 @@ import zmq
 import zmq.asyncio
 import zmq.auth
 
-from flashq.codec import MAX_BUNDLE, Decoder, Encoder, RejectedFrame, pack, unpack
+from flashq.codec import BUNDLE_BYTES, MAX_BUNDLE, Decoder, Encoder, RejectedFrame, frames_nbytes, pack, unpack
 from flashq.protocol import Message
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ class _Codec:
         self.encoder = Encoder()
         self.decoder = Decoder(max_message_bytes)
         self.rejected: Counter[str] = Counter()
+        # a bundle's joined frame must stay under the receiver's limit (ZeroMQ drops the peer past it)
+        self.bundle_bytes = min(BUNDLE_BYTES, max_message_bytes)
 
     def decode_all(self, peer: str, frames: list) -> list[Message]:
         """Every valid message in one received ZeroMQ message; the rest are counted."""
@@ -141,9 +143,17 @@ class Hub:
 
     async def send_all(self, peer: str, msgs: list[Message]) -> None:
         """`send` for several messages to one peer, in order, as few ZeroMQ messages as bundles allow."""
-        for i in range(0, len(msgs), MAX_BUNDLE):
-            frames = pack([self.codec.encoder.encode(m) for m in msgs[i:i + MAX_BUNDLE]])
-            await self._send_frames(peer, frames)
+        bundle, size = [], 0
+        for msg in msgs:
+            frames = self.codec.encoder.encode(msg)
+            n = frames_nbytes(frames)
+            if bundle and (len(bundle) == MAX_BUNDLE or size + n > self.codec.bundle_bytes):
+                await self._send_frames(peer, pack(bundle))
+                bundle, size = [], 0
+            bundle.append(frames)
+            size += n
+        if bundle:
+            await self._send_frames(peer, pack(bundle))
 
     async def _send_frames(self, peer: str, frames: list) -> None:
         try:
@@ -195,7 +205,7 @@ class Link:
         self.codec = _Codec(max_message_bytes)
         self.last_seen = time.monotonic()
         self.inbox: deque[Message] = deque()
-        self._bundle: tuple[list[list], asyncio.Future] | None = None
+        self._bundle: list | None = None  # [messages, the future their send completes, bytes] while one forms
 
     async def send(self, msg: Message) -> None:
         """Send `msg`, bundled with whatever else this link sends in the same turn of the event
@@ -203,12 +213,15 @@ class Link:
         once its bundle is on the socket (or raises what the send raised), so backpressure
         reaches them all."""
         frames = self.codec.encoder.encode(msg)
-        if self._bundle is not None and len(self._bundle[0]) < MAX_BUNDLE:
-            self._bundle[0].append(frames)
-            await asyncio.shield(self._bundle[1])
+        n = frames_nbytes(frames)
+        open_bundle = self._bundle
+        if open_bundle is not None and len(open_bundle[0]) < MAX_BUNDLE and open_bundle[2] + n <= self.codec.bundle_bytes:
+            open_bundle[0].append(frames)
+            open_bundle[2] += n
+            await asyncio.shield(open_bundle[1])
             return
         messages, sent = [frames], asyncio.get_running_loop().create_future()
-        self._bundle = (messages, sent)
+        self._bundle = [messages, sent, n]
         try:
             await asyncio.sleep(0)
             self._close_bundle(sent)

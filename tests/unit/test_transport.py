@@ -210,3 +210,33 @@ def test_when_a_bundle_cannot_be_sent_every_sender_in_it_hears_why():
         hub.close()
 
     run(main())
+
+
+def test_bundles_stay_under_the_receivers_message_limit():
+    """A bundle joins its messages into one frame, which ZeroMQ refuses past the receiver's
+    limit (dropping the peer): bundles close before they would pass it, both ways."""
+
+    async def main():
+        limit = 200_000
+        hub = Hub("tcp://127.0.0.1:*", max_message_bytes=limit)
+        link = Link(hub.address, "rollout-0", max_message_bytes=limit)
+        await link.send(Heartbeat(0.0))
+        await hub.recv()
+        sizes = []
+        real_recv = hub.sock.recv_multipart
+
+        async def sizing_recv(*args, **kwargs):
+            frames = await real_recv(*args, **kwargs)
+            sizes.append(sum(len(f.buffer) for f in frames[1:]))
+            return frames
+
+        hub.sock.recv_multipart = sizing_recv
+        await asyncio.gather(*(link.send(sample(i, n=10_000)) for i in range(12)))  # ~80 kB each
+        got = [int((await hub.recv())[1].token_ids[0]) for _ in range(12)]
+        assert got == list(range(12)) and len(sizes) > 1 and max(sizes) <= limit
+
+        await hub.send_all("rollout-0", [sample(i, n=10_000) for i in range(12)])
+        assert [int((await link.recv()).token_ids[0]) for _ in range(12)] == list(range(12))
+        hub.close(), link.close()
+
+    run(main())
