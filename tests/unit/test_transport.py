@@ -20,6 +20,27 @@ def sample(i, n=1000):
     return Sample(f"g/{i}", "g", 0, np.full(n, i, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int32), "stop")
 
 
+def rogue_peer(hub):
+    """A raw DEALER named "rogue": sends whatever frames a test gives it."""
+    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"rogue")
+    sock.connect(hub.address)
+    return sock
+
+
+def record_arrivals(hub, measure) -> list:
+    """measure(frames) of every ZeroMQ message the hub receives from now on."""
+    seen, real_recv = [], hub.sock.recv_multipart
+
+    async def recv(*args, **kwargs):
+        frames = await real_recv(*args, **kwargs)
+        seen.append(measure(frames))
+        return frames
+
+    hub.sock.recv_multipart = recv
+    return seen
+
+
 def test_round_trip_both_ways():
     async def main():
         hub = Hub("tcp://127.0.0.1:*")
@@ -39,9 +60,7 @@ def test_round_trip_both_ways():
 def test_garbage_is_counted_and_the_socket_keeps_working():
     async def main():
         hub = Hub("tcp://127.0.0.1:*")
-        rogue = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        rogue.setsockopt(zmq.IDENTITY, b"rogue")
-        rogue.connect(hub.address)
+        rogue = rogue_peer(hub)
         for junk in ([b"\x00\x01garbage"], [b"\x92\x01\xc1"], [b""], [b"\x93", b"x", b"y"]):
             await rogue.send_multipart(junk)
         await rogue.send_multipart(Encoder().encode(Heartbeat(1.0)))  # same peer: arrives after the junk
@@ -151,15 +170,7 @@ def test_messages_sent_together_travel_as_one_bundle_and_arrive_in_order():
         link = Link(hub.address, "rollout-0")
         await link.send(Heartbeat(0.0))
         await hub.recv()
-        raw_counts = []
-        real_recv = hub.sock.recv_multipart
-
-        async def counting_recv(*args, **kwargs):
-            frames = await real_recv(*args, **kwargs)
-            raw_counts.append(len(frames))
-            return frames
-
-        hub.sock.recv_multipart = counting_recv
+        raw_counts = record_arrivals(hub, len)
         await asyncio.gather(*(link.send(sample(i, n=10 + i)) for i in range(50)))
         got = [await hub.recv() for _ in range(50)]
         assert [int(m.token_ids[0]) for _, m in got] == list(range(50))
@@ -179,9 +190,7 @@ def test_a_bad_message_inside_a_bundle_costs_only_itself():
 
     async def main():
         hub = Hub("tcp://127.0.0.1:*")
-        rogue = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        rogue.setsockopt(zmq.IDENTITY, b"rogue")
-        rogue.connect(hub.address)
+        rogue = rogue_peer(hub)
         enc = Encoder()
         await rogue.send_multipart(pack([enc.encode(Heartbeat(1.0)), [b"\x92\x01\xc1"], enc.encode(Heartbeat(2.0))]))
         one = enc.encode(Heartbeat(9.0))[0]
@@ -222,15 +231,7 @@ def test_bundles_stay_under_the_receivers_message_limit():
         link = Link(hub.address, "rollout-0", max_message_bytes=limit)
         await link.send(Heartbeat(0.0))
         await hub.recv()
-        sizes = []
-        real_recv = hub.sock.recv_multipart
-
-        async def sizing_recv(*args, **kwargs):
-            frames = await real_recv(*args, **kwargs)
-            sizes.append(sum(len(f.buffer) for f in frames[1:]))
-            return frames
-
-        hub.sock.recv_multipart = sizing_recv
+        sizes = record_arrivals(hub, lambda frames: sum(len(f.buffer) for f in frames[1:]))  # after the sender's name
         await asyncio.gather(*(link.send(sample(i, n=10_000)) for i in range(12)))  # ~80 kB each
         got = [int((await hub.recv())[1].token_ids[0]) for _ in range(12)]
         assert got == list(range(12)) and len(sizes) > 1 and max(sizes) <= limit
