@@ -252,6 +252,22 @@ def previous(path: Path) -> dict:
             if (RESULTS / "vs_trl_curves.json").exists() else {}}
 
 
+def archived(old: dict, jobs: list[str]) -> list[dict]:
+    """The figures a rerun of `jobs` replaces, one entry per job, under the commit that job's rows
+    ran at (the file's own commit and command are another job's when jobs were run apart)."""
+    entries = []
+    for job in jobs:
+        replaced = {k: v for k, v in old["figures"].items() if k.startswith(f"job_{job}_") and not isinstance(v, dict)}
+        if not replaced:
+            continue
+        commits = {r.get("git_commit") for r in old["rows"] if r["job"] == job}
+        commit = commits.pop() if len(commits) == 1 else old["git_commit"]
+        same = commit == old["git_commit"]
+        entries.append({"git_commit": commit, "date": old.get("date") if same else None,
+                        "command": old.get("command") if same else None, **replaced})
+    return entries
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
@@ -305,9 +321,7 @@ def main() -> None:
                  f"{repeat_task.SIGMA}), sampling.max_tokens=96, "
                  "reward.function=bench.repeat_task:repeat_reward, sft.steps=60",
     }
-    replaced = {k: v for k, v in old["figures"].items() if k.startswith("job_") and k[4] in args.jobs and not isinstance(v, dict)}
-    figures["earlier"] = old["figures"].get("earlier", []) + (
-        [{"git_commit": old["git_commit"], "date": old.get("date"), "command": old.get("command"), **replaced}] if replaced else [])
+    figures["earlier"] = old["figures"].get("earlier", []) + archived(old, args.jobs)
     for k, v in figures.items():
         if k.startswith("job_") and not isinstance(v, dict):
             print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
