@@ -74,6 +74,10 @@ class _Codec:
         # a bundle's joined frame must stay under the receiver's limit (ZeroMQ drops the peer past it)
         self.bundle_bytes = min(BUNDLE_BYTES, max_message_bytes)
 
+    def fits(self, count: int, size: int, nbytes: int) -> bool:
+        """Whether a message of `nbytes` may join a bundle of `count` messages and `size` bytes."""
+        return count < MAX_BUNDLE and size + nbytes <= self.bundle_bytes
+
     def decode_all(self, peer: str, frames: list) -> list[Message]:
         """Every valid message in one received ZeroMQ message; the rest are counted."""
         try:
@@ -147,7 +151,7 @@ class Hub:
         for msg in msgs:
             frames = self.codec.encoder.encode(msg)
             n = frames_nbytes(frames)
-            if bundle and (len(bundle) == MAX_BUNDLE or size + n > self.codec.bundle_bytes):
+            if bundle and not self.codec.fits(len(bundle), size, n):
                 await self._send_frames(peer, pack(bundle))
                 bundle, size = [], 0
             bundle.append(frames)
@@ -215,7 +219,7 @@ class Link:
         frames = self.codec.encoder.encode(msg)
         n = frames_nbytes(frames)
         open_bundle = self._bundle
-        if open_bundle is not None and len(open_bundle[0]) < MAX_BUNDLE and open_bundle[2] + n <= self.codec.bundle_bytes:
+        if open_bundle is not None and self.codec.fits(len(open_bundle[0]), open_bundle[2], n):
             open_bundle[0].append(frames)
             open_bundle[2] += n
             await asyncio.shield(open_bundle[1])

@@ -68,6 +68,7 @@ class ChatEncoder:
         self.light = path is not None and path.is_file()
         if self.light:
             from tokenizers import Tokenizer
+            from transformers.utils.chat_template_utils import render_jinja_template
 
             record = json.loads(path.read_text())
             self.pipeline = Tokenizer.from_str(record["pipeline"])
@@ -75,6 +76,7 @@ class ChatEncoder:
             self.pipeline.no_truncation()
             self.template = record["chat_template"]
             self.special_tokens = record["special_tokens"]
+            self.render = render_jinja_template
         else:
             from transformers import AutoTokenizer
 
@@ -86,8 +88,6 @@ class ChatEncoder:
         if not self.light:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        rendered, _ = render_jinja_template(conversations=[messages], chat_template=self.template,
-                                            add_generation_prompt=True, **self.special_tokens)
+        rendered, _ = self.render(conversations=[messages], chat_template=self.template,
+                                  add_generation_prompt=True, **self.special_tokens)
         return self.pipeline.encode(rendered[0], add_special_tokens=False).ids
