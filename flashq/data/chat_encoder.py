@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # every file a tokenizer may be built from; a change to any of them is a different tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -65,24 +68,32 @@ class ChatEncoder:
     def __init__(self, model: Path | str, cache_dir: Path):
         model_dir = Path(model)
         path = cache_path(model_dir, cache_dir) if model_dir.is_dir() else None
-        self.light = path is not None and path.is_file()
-        if self.light:
-            from tokenizers import Tokenizer
-            from transformers.utils.chat_template_utils import render_jinja_template
-
-            record = json.loads(path.read_text())
-            self.pipeline = Tokenizer.from_str(record["pipeline"])
-            self.pipeline.no_padding()  # transformers turns both off for an unpadded, untruncated call
-            self.pipeline.no_truncation()
-            self.template = record["chat_template"]
-            self.special_tokens = record["special_tokens"]
-            self.render = render_jinja_template
-        else:
+        self.light = path is not None and path.is_file() and self._load(path)
+        if not self.light:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(model))
             if path is not None:
                 remember(self.tokenizer, model_dir, cache_dir)
+
+    def _load(self, path: Path) -> bool:
+        """Read a saved tokenizer; one that cannot be read is named in the log and rebuilt."""
+        from tokenizers import Tokenizer
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        try:
+            record = json.loads(path.read_text())
+            self.pipeline = Tokenizer.from_str(record["pipeline"])
+            self.template = record["chat_template"]
+            self.special_tokens = dict(record["special_tokens"])
+        except Exception as e:  # noqa: BLE001 - json, a missing key, or the tokenizers library (which raises plain Exception)
+            log.warning("chat encoder cache %s is unreadable (%s: %s); loading the tokenizer through transformers", path,
+                        type(e).__name__, e)
+            return False
+        self.pipeline.no_padding()  # transformers turns both off for an unpadded, untruncated call
+        self.pipeline.no_truncation()
+        self.render = render_jinja_template
+        return True
 
     def encode(self, messages: list[dict]) -> list[int]:
         if not self.light:

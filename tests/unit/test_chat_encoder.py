@@ -66,3 +66,14 @@ def test_sft_leaves_the_rl_runs_coordinator_the_light_path(tiny_model, tmp_path)
                                                   "sft.warmup_steps=0", "sft.eval_prompts=2", f"sft.output_dir={tmp_path / 'sft'}"])
     out = run_sft(cfg)
     assert ChatEncoder(out, tmp_path).light
+
+
+def test_an_unreadable_cache_file_is_named_and_rebuilt(model_dir, tmp_path, caplog):
+    cache = tmp_path / "cache"
+    expected = ChatEncoder(model_dir, cache).encode(MESSAGES[0])
+    cache_path(model_dir, cache).write_text('{"pipeline": "not a tokenizer"')  # cut short
+    with caplog.at_level("WARNING"):
+        encoder = ChatEncoder(model_dir, cache)
+    assert not encoder.light and encoder.encode(MESSAGES[0]) == expected
+    assert str(cache_path(model_dir, cache)) in caplog.text and "unreadable" in caplog.text
+    assert ChatEncoder(model_dir, cache).light  # written again, whole
