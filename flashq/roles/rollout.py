@@ -158,6 +158,10 @@ class RolloutWorker:
             try:
                 await self.engine.weight_sync(call.method, call.payload, call.version)
                 reply = WeightSyncReply(call.call_id, ok=True, seconds=time.monotonic() - t0)
+                if call.method == "push_weights":
+                    # counters once per new version as well as on the timer: a run's step records then
+                    # carry them even when it is shorter than the timer's interval
+                    await self.link.send(self._stats())
             except Exception as e:  # noqa: BLE001 - reported to the trainer, which stops the run
                 log.exception("%s: %s failed", self.role, call.method)
                 reply = WeightSyncReply(call.call_id, ok=False, error=f"{self.role}: {type(e).__name__}: {e}")
@@ -167,24 +171,25 @@ class RolloutWorker:
     async def _report_stats(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.log.stats_interval_s)
-            busy, idle = self.clock.snapshot()
-            await self.link.send(
-                WorkerStats(
-                    role="rollout",
-                    index=self.index,
-                    metrics={
-                        "busy_s": busy,
-                        "idle_s": idle,
-                        "tokens": float(self.tokens),
-                        "requests": float(self.requests),
-                        "in_flight": float(self.clock.in_flight),
-                        "weight_sync_s": self.sync_s,
-                        "version": float(self.engine.version),
-                        **{k: float(v) for k, v in self.episode_counts.items()},
-                        **self.engine.speculation_counters(),
-                    },
-                )
-            )
+            await self.link.send(self._stats())
+
+    def _stats(self) -> WorkerStats:
+        busy, idle = self.clock.snapshot()
+        return WorkerStats(
+            role="rollout",
+            index=self.index,
+            metrics={
+                "busy_s": busy,
+                "idle_s": idle,
+                "tokens": float(self.tokens),
+                "requests": float(self.requests),
+                "in_flight": float(self.clock.in_flight),
+                "weight_sync_s": self.sync_s,
+                "version": float(self.engine.version),
+                **{k: float(v) for k, v in self.episode_counts.items()},
+                **self.engine.speculation_counters(),
+            },
+        )
 
 
 def pin_process(cores: list[int]) -> None:
