@@ -173,7 +173,8 @@ class RolloutConfig(Section):
     max_inflight_per_worker: int = Field(64, ge=1, description="Queue scheduling cap on requests per worker.")
     max_num_seqs: int = Field(256, ge=1)
     max_model_len: int = Field(512, ge=16)
-    kv_cache_gib: int = Field(1, ge=1, description="CPU backend: KV cache GiB per engine.")
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="CPU backend: KV cache GiB per engine (vLLM zeroes it as the engine starts: 0.38 s a GiB here).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="GPU backend only.")
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = True

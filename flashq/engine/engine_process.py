@@ -62,6 +62,26 @@ def engine_start(mode: str, omp_threads: int) -> str:
     return mode
 
 
+class _FrozenHeapFork(multiprocessing.context.ForkProcess):
+    """A forked process whose inherited heap the garbage collector leaves alone: frozen for the
+    fork, unfrozen again in the parent. vLLM's engine core collects and freezes its heap as it
+    starts (`freeze_gc_heap`), which otherwise walks everything the worker has imported."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        import gc
+
+        gc.freeze()
+        try:
+            return multiprocessing.context.ForkProcess._Popen(process_obj)
+        finally:
+            gc.unfreeze()
+
+
+class _FrozenHeapForkContext(multiprocessing.context.ForkContext):
+    Process = _FrozenHeapFork
+
+
 def use_fork() -> None:
     """Fork this process's engine cores from it (see the module's docstring)."""
     global _fork
@@ -102,7 +122,7 @@ def launching_engine_core():
                         "(OMP_NUM_THREADS=%s): a fork after an OpenMP parallel region can hang; vLLM spawns it instead",
                         torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
             return original()
-        return multiprocessing.get_context("fork")
+        return _FrozenHeapForkContext()
 
     def forkserver_context():
         changed = {k: v for k, v in os.environ.items() if _server_env.get(k) != v}

@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 def configure_cpu_threads(omp_threads: int) -> None:
     """Environment for the CPU backend; must run before vLLM starts its engine process."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("OMP_NUM_THREADS", str(omp_threads))
 
@@ -46,7 +45,7 @@ def prepare_engine_process(cfg: FlashqConfig, device: str | None = None) -> None
         device = "cpu" if vllm_cpu_installed() else None
     if device != "cpu":
         return
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rc.kv_cache_gib)
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # whole GiB, and it would override rollout.kv_cache_gib (passed in bytes)
     configure_cpu_threads(rc.omp_threads)
     if rc.tensor_parallel_size > 1:
         return
@@ -98,6 +97,8 @@ class RolloutEngine:
         )
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = rc.gpu_memory_utilization
+        else:
+            kwargs["kv_cache_memory_bytes"] = int(rc.kv_cache_gib * 2**30)
         os.environ["FLASHQ_SPECULATION"] = rc.speculation  # read by flashq's vLLM plugin in every engine process
         wait = rc.engine_wait if rc.engine_wait != "auto" else ("nap" if self.device == "cpu" else "spin")
         os.environ["FLASHQ_ENGINE_WAIT"] = wait  # and this
