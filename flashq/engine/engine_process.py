@@ -70,10 +70,15 @@ class _FrozenHeapFork(multiprocessing.context.ForkProcess):
     @staticmethod
     def _Popen(process_obj):
         import gc
+        import warnings
 
         gc.freeze()
         try:
-            return multiprocessing.context.ForkProcess._Popen(process_obj)
+            with warnings.catch_warnings():
+                # Python 3.12+ warns on any fork from a process with threads (the worker has ZeroMQ's);
+                # the child runs only the engine core, whose OpenMP state is the one hazard (above)
+                warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
+                return multiprocessing.context.ForkProcess._Popen(process_obj)
         finally:
             gc.unfreeze()
 
