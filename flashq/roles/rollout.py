@@ -158,15 +158,16 @@ class RolloutWorker:
             try:
                 await self.engine.weight_sync(call.method, call.payload, call.version)
                 reply = WeightSyncReply(call.call_id, ok=True, seconds=time.monotonic() - t0)
-                if call.method == "push_weights":
-                    # counters once per new version as well as on the timer: a run's step records then
-                    # carry them even when it is shorter than the timer's interval
-                    await self.link.send(self._stats())
             except Exception as e:  # noqa: BLE001 - reported to the trainer, which stops the run
                 log.exception("%s: %s failed", self.role, call.method)
                 reply = WeightSyncReply(call.call_id, ok=False, error=f"{self.role}: {type(e).__name__}: {e}")
             self.sync_s += time.monotonic() - t0
             await self.link.send(reply)
+            if reply.ok and call.method == "push_weights":
+                # counters once per new version as well as on the timer: they reach the coordinator
+                # before the next push's reply does, so a run shorter than the timer's interval still
+                # carries them in its step records
+                await self.link.send(self._stats())
 
     async def _report_stats(self) -> None:
         while True:

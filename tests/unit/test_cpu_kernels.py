@@ -37,3 +37,29 @@ def test_install_makes_vllms_sampler_count_token_ranks_eagerly():
     logprobs = torch.tensor([[-0.1, -2.0, -0.5, -0.5], [-3.0, -0.2, -0.9, -0.2]])
     sampled = torch.tensor([[-0.5], [-0.2]])
     assert sampler.batched_count_greater_than(logprobs, sampled).tolist() == [3, 2]  # ties count, as vLLM's do
+
+
+SCAN_SCRIPT = """
+import sys
+
+import llvmlite.binding.ffi  # noqa: F401 - what numba loads, as a forked engine core may have it
+from vllm.triton_utils.dispatcher import register_kernels
+from vllm.v1.sample import rejection_sampler
+
+from flashq.engine.cpu_kernels import KERNEL, expand_kernel, hidden_from_kernel_scan
+
+with hidden_from_kernel_scan():
+    register_kernels({KERNEL: expand_kernel})
+print(type(rejection_sampler.expand_kernel).__name__, "llvmlite.binding.ffi" in sys.modules)
+"""
+
+
+def test_kernel_override_registers_with_llvmlite_loaded():
+    """vLLM's registry scans every loaded module and fails on llvmlite's ffi.lib; a forked engine
+    core has numba loaded wherever its worker had (the suite's in-process engines did)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SCAN_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["KernelOverride", "True"]

@@ -55,7 +55,10 @@ FORK_SCRIPT = textwrap.dedent("""
 
 
     def report(queue):
-        queue.put((multiprocessing.current_process()._start_method, os.environ.get("FLASHQ_TEST_LATE")))
+        import gc
+
+        frozen = gc.get_freeze_count() > 0  # the worker's heap, left alone by the child's collections
+        queue.put((multiprocessing.current_process()._start_method, os.environ.get("FLASHQ_TEST_LATE"), frozen))
 
 
     if __name__ == "__main__":
@@ -72,6 +75,9 @@ FORK_SCRIPT = textwrap.dedent("""
             child.start()
             print(*queue.get(timeout=120))
             child.join()
+            import gc
+
+            print("parent-frozen", gc.get_freeze_count())
             torch.set_num_threads(2)  # OpenMP may now run a pool of threads: no fork
             print(utils.get_mp_context().get_start_method())
 """)
@@ -82,7 +88,7 @@ def test_engine_core_forked_from_the_worker_only_while_torch_runs_one_thread(tmp
     script.write_text(FORK_SCRIPT)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["fork", "set", "after", "spawn"]
+    assert out.stdout.split() == ["fork", "set", "after", "True", "parent-frozen", "0", "spawn"]
     assert "not forking the engine core from a process whose torch runs 2 threads" in out.stderr
 
 
@@ -92,6 +98,36 @@ def test_auto_forks_an_engine_of_one_openmp_thread():
     assert engine_start("auto", 1) == "fork"
     assert engine_start("auto", 4) == "forkserver"
     assert engine_start("vllm", 1) == "vllm"
+
+
+PREPARE_SCRIPT = textwrap.dedent("""
+    import os
+
+    from flashq.config import load_config
+    from flashq.engine import engine_process
+    from flashq.engine.vllm_engine import prepare_engine_process
+
+    engine_process.PRELOAD = []  # vLLM's import is not what this checks
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "4"  # whole GiB, and vLLM would let it override the config
+    prepare_engine_process(load_config(None, ["rollout.kv_cache_gib=0.25"]), "cpu")
+    print(os.environ.get("VLLM_CPU_KVCACHE_SPACE"), os.environ["OMP_NUM_THREADS"], engine_process._fork,
+          engine_process._server_env is not None)
+""")
+
+
+def test_the_worker_forks_only_what_its_own_openmp_runs_in_one_thread(tmp_path):
+    """auto reads the worker's effective threads: the config's one, or a user's OMP_NUM_THREADS
+    (then the forkserver). A user's VLLM_CPU_KVCACHE_SPACE gives way to rollout.kv_cache_gib, named."""
+    script = tmp_path / "prepare.py"
+    script.write_text(PREPARE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["None", "1", "True", "False"]
+    assert "VLLM_CPU_KVCACHE_SPACE=4 ignored" in out.stderr
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env={**env, "OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["None", "2", "False", "True"]
 
 
 PARALLEL_THEN_FORK = textwrap.dedent("""
