@@ -20,10 +20,12 @@ STEPS, EVERY, B, N = 12, 3, 4, 4
 
 def run_until_killed(run_dir, victim_role: str, after_step: int) -> str:
     """The run stops when `victim_role` is killed (automatic resume off: this tests `--resume`),
-    at a moment when training has gone past the newest checkpoint: the victim is stopped
-    (SIGSTOP) once `after_step` is reached, and killed if it has trained a step the checkpoint
-    lacks, else let go on. (Killed at once, it sometimes died just after a checkpoint, with no
-    work after it to lose.)"""
+    at a moment when training has gone past the newest checkpoint. Once `after_step` is trained
+    the rollout workers are stopped (SIGSTOP), so the run cannot end before the kill (with
+    async_ratio 2 the trainer has a few batches left at most: a run of the tiny model used to
+    finish between two looks); the victim is stopped at each look, and killed once it has trained
+    a step the checkpoint lacks, else let go on. If it stands still with nothing left to train
+    (its last step was a checkpoint's), the rollout workers run for a moment more."""
     proc = subprocess.Popen(
         launch_cmd(run_dir, ["async_ratio=2", f"trainer.steps={STEPS}", f"trainer.checkpoint_every={EVERY}",
                              "fault.resume_run=false", "fault.restart_workers=false"]),
@@ -31,22 +33,39 @@ def run_until_killed(run_dir, victim_role: str, after_step: int) -> str:
     )
     out: list[str] = []
     threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True).start()
+
+    def pids(role_prefix: str) -> list[int]:
+        return [int(line.split("(pid ")[1].split()[0]) for line in list(out) if f" {role_prefix}" in line and "connected (pid" in line]
+
     deadline = time.time() + 300
-    victim = None
+    victim, rollouts, last = None, [], None
     while time.time() < deadline and victim is None:
         time.sleep(0.2)
         metrics = run_dir / "metrics.jsonl"
-        if metrics.exists() and any(r["step"] >= after_step for r in read_jsonl(metrics) if r["kind"] == "step"):
-            line = next(line for line in out if f"{victim_role} connected (pid" in line)
-            pid = int(line.split("(pid ")[1].split()[0])
-            os.kill(pid, signal.SIGSTOP)
-            ckpt = checkpoint.latest(run_dir)
-            if ckpt is not None and max(v for v, *_ in trained_requests(run_dir)) >= checkpoint.version_of(ckpt):
-                victim = pid
-            else:
-                os.kill(pid, signal.SIGCONT)
+        steps = [r["step"] for r in read_jsonl(metrics) if r["kind"] == "step"] if metrics.exists() else []
+        if not steps or max(steps) < after_step:
+            continue
+        if not rollouts:
+            rollouts = pids("rollout-")
+            for pid in rollouts:
+                os.kill(pid, signal.SIGSTOP)
+        pid = pids(victim_role)[0]
+        os.kill(pid, signal.SIGSTOP)
+        ckpt = checkpoint.latest(run_dir)
+        if ckpt is not None and max(v for v, *_ in trained_requests(run_dir)) >= checkpoint.version_of(ckpt):
+            victim = pid
+            break
+        os.kill(pid, signal.SIGCONT)
+        if max(steps) == last:
+            for sig in (signal.SIGCONT, signal.SIGSTOP):
+                for rollout in rollouts:
+                    os.kill(rollout, sig)
+                time.sleep(0.2)
+        last = max(steps)
     assert victim, "run never reached the kill point:\n" + "".join(out[-40:])
     os.kill(victim, signal.SIGKILL)
+    for pid in rollouts:
+        os.kill(pid, signal.SIGCONT)  # the run then stops, reporting the trainer's death
     assert proc.wait(timeout=120) == 1
     return "".join(out)
 
