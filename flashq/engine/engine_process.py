@@ -133,12 +133,10 @@ def launching_engine_core():
     original = engine_utils.get_mp_context
 
     def fork_context():
-        import torch
-
-        if torch.get_num_threads() != 1:
+        if (threads := openmp_threads()) != 1:
             log.warning("rollout.engine_start: not forking the engine core from a process whose torch runs %d threads "
                         "(OMP_NUM_THREADS=%s): a fork after an OpenMP parallel region can hang; vLLM spawns it instead",
-                        torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
+                        threads, os.environ.get("OMP_NUM_THREADS"))
             return original()
         return _FrozenHeapForkContext()
 
