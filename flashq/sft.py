@@ -15,7 +15,6 @@ import hashlib
 import inspect
 import json
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 from flashq.config import FlashqConfig
 from flashq.data import chat_encoder, chat_messages, training_tasks
 from flashq.rewards import load_reward_fn
+from flashq.trainer.lr_schedule import lr_factor
 
 log = logging.getLogger("flashq.sft")
 
@@ -86,14 +86,6 @@ def env_demonstrations(cfg: FlashqConfig):
     return lambda k: env.demonstration({}, (seed0 + k) % 2**31)
 
 
-def warmup_cosine(step: int, warmup: int, total: int) -> float:
-    """LR multiplier: linear warm-up, then cosine decay to zero. Annealing is what lets a small
-    model settle on the exact answers; at a constant LR its accuracy swings with chance."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-
-
 def run_sft(cfg: FlashqConfig) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,7 +108,9 @@ def run_sft(cfg: FlashqConfig) -> Path:
     demo = env_demonstrations(cfg) if cfg.env is not None else None
     system = cfg.task.system_prompt
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, sc.warmup_steps, sc.steps))
+    # annealed: that is what lets a small model settle on the exact answers; at a constant rate its
+    # accuracy swings with chance
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, sc.steps, "cosine", sc.warmup_steps))
     t0 = time.monotonic()
     next_task = 0
     for step in range(sc.steps):

@@ -92,7 +92,12 @@ class LoRAConfig(Section):
 class TrainerConfig(Section):
     batch_groups: int = Field(8, ge=1, description="Prompts (whole groups) per optimizer step: B.")
     steps: int = Field(20, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(1e-3, gt=0, description="The peak learning rate (after warm-up).")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="After warm-up: hold the rate, or decay it to lr x lr_min_ratio by the last step (trainer/lr_schedule.py)."
+    )
+    lr_warmup_steps: int = Field(0, ge=0, description="Steps of linear warm-up from lr / lr_warmup_steps to lr.")
+    lr_min_ratio: float = Field(0.0, ge=0, le=1, description="Where a cosine or linear decay ends, as a share of lr.")
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -148,6 +153,9 @@ class TrainerConfig(Section):
 
     @model_validator(mode="after")
     def _precision(self) -> TrainerConfig:
+        if self.lr_warmup_steps >= self.steps:
+            raise ValueError(f"trainer.lr_warmup_steps ({self.lr_warmup_steps}) must be below trainer.steps ({self.steps}): "
+                             "the run would end before reaching trainer.lr")
         if self.param_dtype == "bfloat16" and self.compute_dtype == "float32":
             raise ValueError("trainer.compute_dtype float32 with param_dtype bfloat16 computes above the weights' precision")
         if self.share_prompts and (self.gradient_checkpointing or self.packing):

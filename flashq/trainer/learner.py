@@ -25,6 +25,7 @@ from flashq.protocol import TrainBatch
 from flashq.trainer import parallel
 from flashq.trainer.batch_stats import per_sample, sequence_advantages, staleness_stats, trained_lengths, zero_variance_groups
 from flashq.trainer.logprobs import install_logprob_head, token_logprobs
+from flashq.trainer.lr_schedule import lr_factor
 from flashq.trainer.micro_batches import MicroBatch, MicroBatching
 from flashq.trainer.packing import check_isolation, unpack
 from flashq.trainer.shared_prompts import check_sharing, shared_token_logprobs, unsupported
@@ -205,6 +206,12 @@ class Learner(MicroBatching):
         log.info("not sharing prompt passes: %s", why)
         return False
 
+    def learning_rate(self) -> float:
+        """This version's rate: every minibatch of a batch steps at it; a resumed run continues
+        the schedule from its saved version."""
+        tc = self.cfg.trainer
+        return tc.lr * lr_factor(self.version, tc.steps, tc.lr_schedule, tc.lr_warmup_steps, tc.lr_min_ratio)
+
     def train_step(self, batch: TrainBatch, before_update: Callable[[], None] | None = None) -> dict[str, float]:
         """One policy version. `before_update` runs once, after the first minibatch's gradients
         and before any parameter changes: the trainer role waits there for the previous weight
@@ -236,6 +243,9 @@ class Learner(MicroBatching):
                     micro.prox = self.logprobs(self.model, micro)[0]
                 micro.ref = self._reference_logprobs(micro)
 
+        lr = self.learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         totals: dict[str, float] = {}
         losses, grad_norms = [], []
         skipped = False
@@ -309,6 +319,7 @@ class Learner(MicroBatching):
         return {
             "loss": totals.pop("_loss"),
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
+            "train/lr": lr,
             "train/skipped_nonfinite": float(skipped),  # its optimizer step (or the rest of its minibatches) not applied
             "reward/mean": float(rewards.mean()) if n_seq else 0.0,
             "reward/std": float(rewards.std()) if n_samples > 1 else 0.0,

@@ -1,5 +1,7 @@
 """One real GRPO step of the tiny model in torch."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -234,3 +236,26 @@ def test_a_non_finite_gradient_skips_its_batch_and_too_many_in_a_row_stop_the_ru
     learner.train_step(make_batch(learner, [float("inf"), 0, 1, 0], batch_index=2, versions=2))  # one in a row again
     with pytest.raises(FloatingPointError, match="non-finite gradient norm in 2 batches in a row"):
         learner.train_step(make_batch(learner, [float("inf"), 0, 1, 0], batch_index=3, versions=3))
+
+
+def test_the_learning_rate_follows_its_schedule_and_a_resumed_run_continues_it(tiny_model, tmp_path):
+    """Warm-up 2 of 6 steps then cosine: factors 0.5, 1, 1, (1 + cos(pi/4)) / 2, 0.5, ...; the
+    optimizer steps at them, and a run resumed at version 4 steps at 0.5, not at the peak."""
+    overrides = ["trainer.steps=6", "trainer.lr=0.01", "trainer.lr_schedule=cosine", "trainer.lr_warmup_steps=2"]
+    learner = Learner(load_config(None, overrides), tiny_model)
+    applied = []
+    step = learner.optimizer.step
+    learner.optimizer.step = lambda *a, **k: (applied.append(learner.optimizer.param_groups[0]["lr"]), step(*a, **k))[1]
+    logged = [learner.train_step(make_batch(learner, [1, 0, 0, 1], batch_index=v))["train/lr"] for v in range(4)]
+    expected = [0.005, 0.01, 0.01, 0.01 * (1 + math.cos(math.pi / 4)) / 2]
+    assert applied == pytest.approx(expected) and logged == pytest.approx(expected)
+    learner.save(tmp_path, tiny_model)
+    resumed = Learner(load_config(None, overrides), tmp_path)
+    resumed.load_state(tmp_path)
+    assert resumed.train_step(make_batch(resumed, [1, 0, 0, 1], batch_index=4))["train/lr"] == pytest.approx(0.005)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.005)
+
+
+def test_a_warm_up_as_long_as_the_run_is_refused():
+    with pytest.raises(ValueError, match="lr_warmup_steps"):
+        load_config(None, ["trainer.steps=10", "trainer.lr_warmup_steps=10"])
