@@ -164,12 +164,25 @@ def _trl_main(job: str, work: str, sft: str, steps: int, seed: int, out: str) ->
         save_strategy="no", logging_steps=1, max_steps=steps, shuffle_dataset=False,
         per_device_train_batch_size=per_step * group, gradient_accumulation_steps=1, num_generations=group,
         max_completion_length=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature, top_k=0, top_p=1.0, beta=0.0,
-        epsilon=0.2, learning_rate=cfg.trainer.lr, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=cfg.trainer.grad_clip,
+        epsilon=0.2, learning_rate=cfg.trainer.lr, **trl_schedule(cfg.trainer), weight_decay=0.0, max_grad_norm=cfg.trainer.grad_clip,
         loss_type="dapo", scale_rewards="group", dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=sft, reward_funcs=reward, args=config, train_dataset=data, callbacks=[Clock()])
     trainer.train()
     Path(out).write_text(json.dumps({"wall_s": time.time() - t0, "curve": curve}))
+
+
+def trl_schedule(tc) -> dict:
+    """flashq's learning-rate schedule as transformers' scheduler names it (the same shapes:
+    linear warm-up, then constant, or cosine or linear decay to lr x lr_min_ratio by the last step)."""
+    if tc.lr_schedule == "constant":
+        return {"lr_scheduler_type": "constant_with_warmup" if tc.lr_warmup_steps else "constant", "warmup_steps": tc.lr_warmup_steps}
+    if tc.lr_schedule == "cosine" and tc.lr_min_ratio > 0:
+        return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": tc.lr_min_ratio},
+                "warmup_steps": tc.lr_warmup_steps}
+    if tc.lr_min_ratio > 0:
+        raise SystemExit(f"trainer.lr_min_ratio {tc.lr_min_ratio} with a {tc.lr_schedule} decay has no transformers scheduler to match")
+    return {"lr_scheduler_type": tc.lr_schedule, "warmup_steps": tc.lr_warmup_steps}
 
 
 def run_trl(job: str, work: Path, sft: Path, steps: int, seed: int) -> dict:
@@ -309,10 +322,15 @@ def main() -> None:
             print_table(f"{JOBS[job]['title']}: where a flashq step's time goes (s per step, after the first 10%)", parts,
                         [("mode", "mode", ""), ("seed", "seed", "d")] + [(k, k.removesuffix("_s"), ".3f") for k in parts[0] if k not in ("mode", "seed")])
     figures["versions"] = {"trl": trl.__version__, "flashq_commit": commit}
+    from flashq.config import load_config
+
+    tc = load_config(CONFIG).trainer
+    schedule = f"{tc.lr_schedule}" + (f" after {tc.lr_warmup_steps} warm-up steps" if tc.lr_warmup_steps else "")
     figures["settings"] = {
         "both": "configs/quickstart.yaml with each job's overrides (bench/vs_trl.py job_overrides): 16 prompts x 8 samples a step, "
-                "lr 1e-4 constant, grad clip 1.0, T = 1, no KL, group-normalised advantages, token-mean clipped loss",
-        "trl": "GRPOConfig(loss_type=dapo, scale_rewards=group, beta=0, top_k=0, lr_scheduler_type=constant, use_cpu), "
+                f"lr {tc.lr:g} {schedule}, grad clip {tc.grad_clip:g}, T = 1, no KL, group-normalised advantages, token-mean clipped loss",
+        "trl": "GRPOConfig(loss_type=dapo, scale_rewards=group, beta=0, top_k=0, use_cpu, the same lr schedule: "
+               f"{trl_schedule(tc)}), "
                "2 torch threads, transformers generate",
         "flashq": "async_ratio 2, ppo + tis_token, token_mean; every role on either core (the quickstart's placement); "
                   "SFT warm start replaced by the shared checkpoint; job B's headline mode adds rollout.speculation=grouped "
