@@ -174,7 +174,8 @@ def _trl_main(job: str, work: str, sft: str, steps: int, seed: int, out: str) ->
 
 def trl_schedule(tc) -> dict:
     """flashq's learning-rate schedule as transformers' scheduler names it (the same shapes:
-    linear warm-up, then constant, or cosine or linear decay to lr x lr_min_ratio by the last step)."""
+    linear warm-up, then constant, or cosine or linear decay to lr x lr_min_ratio by the last step;
+    a warm-up's rates run one step apart: transformers starts it at 0, flashq at lr / warm-up steps)."""
     if tc.lr_schedule == "constant":
         return {"lr_scheduler_type": "constant_with_warmup" if tc.lr_warmup_steps else "constant", "warmup_steps": tc.lr_warmup_steps}
     if tc.lr_schedule == "cosine" and tc.lr_min_ratio > 0:

@@ -152,10 +152,14 @@ class TrainerConfig(Section):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _precision(self) -> TrainerConfig:
+    def _schedule(self) -> TrainerConfig:
         if self.lr_warmup_steps >= self.steps:
             raise ValueError(f"trainer.lr_warmup_steps ({self.lr_warmup_steps}) must be below trainer.steps ({self.steps}): "
                              "the run would end before reaching trainer.lr")
+        return self
+
+    @model_validator(mode="after")
+    def _precision(self) -> TrainerConfig:
         if self.param_dtype == "bfloat16" and self.compute_dtype == "float32":
             raise ValueError("trainer.compute_dtype float32 with param_dtype bfloat16 computes above the weights' precision")
         if self.share_prompts and (self.gradient_checkpointing or self.packing):
