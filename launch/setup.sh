@@ -20,8 +20,8 @@ if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT"
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
-    echo "flashq needs Python >= 3.10 (found $("$PYTHON" --version 2>&1)); set PYTHON=..." >&2; exit 1; }
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    echo "flashq needs Python >= 3.11 (found $("$PYTHON" --version 2>&1)); set PYTHON=..." >&2; exit 1; }
   "$PYTHON" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
