@@ -70,6 +70,7 @@ class RolloutEngine:
         self.recompute_kv = cfg.rollout.recompute_kv_on_update
         self.draft_stats_path: str | None = None
         self.lora_request = None  # with trainer.lora: the policy's adapter, built once at start
+        self.counters = None  # vLLM's counts, where its statistics are on (with speculation)
 
     async def start(self) -> None:
         from flashq.engine.engine_process import launching_engine_core
@@ -79,6 +80,7 @@ class RolloutEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from flashq.engine.engine_counters import EngineCounters, engine_counters
         from flashq.engine.vllm_plugin import end_engine_core_without_teardown
 
         backend = "gloo" if self.device == "cpu" else "nccl"
@@ -140,28 +142,22 @@ class RolloutEngine:
         kwargs.setdefault("worker_extension_cls", "flashq.engine.worker_extension.FlashqWorkerExtension")
         end_engine_core_without_teardown()
         with launching_engine_core():
-            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+            # a statistics logger of its own switches vLLM's statistics on: only where they are kept
+            loggers = None if kwargs["disable_log_stats"] else [EngineCounters]
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers)
+        self.counters = engine_counters(self.llm)
         await self.llm.update_weight_version("0")
 
     def speculation_counters(self) -> dict[str, float]:
-        """vLLM's counters since the engine started: engine steps (iterations), and with
-        speculation the verification steps with a draft, draft tokens and accepted draft tokens;
-        with grouped drafts also the seconds spent drafting and the proposer's calls."""
-        if self.cfg.rollout.speculation == "none":
-            return {}  # vLLM's stats are off (they cost time), so it counts nothing
-        from vllm.v1.metrics.reader import Counter, Histogram, get_metrics_snapshot
-
+        """vLLM's counts since the engine started (flashq.engine.engine_counters): engine steps
+        (iterations), and with speculation the verification steps with a draft, draft tokens and
+        accepted draft tokens; with grouped drafts also the seconds spent drafting and the
+        proposer's calls."""
+        if self.counters is None:
+            return {}  # vLLM's statistics are off (they cost time) without speculation, so it counts nothing
         from flashq.engine.grouped_proposer import read_stats
 
-        names = {
-            "vllm:spec_decode_num_drafts": "spec_drafts", "vllm:spec_decode_num_draft_tokens": "spec_draft_tokens",
-            "vllm:spec_decode_num_accepted_tokens": "spec_accepted_tokens"}
-        out = {"engine_steps": 0.0, **dict.fromkeys(names.values(), 0.0)}
-        for metric in get_metrics_snapshot():
-            if isinstance(metric, Counter) and metric.name in names:
-                out[names[metric.name]] += float(metric.value)
-            elif isinstance(metric, Histogram) and metric.name == "vllm:iteration_tokens_total":
-                out["engine_steps"] += float(metric.count)
+        out = dict(self.counters.totals)
         stats = read_stats(self.draft_stats_path) if self.draft_stats_path else None  # flashq's proposer's
         if stats:
             out["spec_drafting_s"], out["spec_proposer_calls"] = stats["drafting_s"], stats["calls"]

@@ -71,7 +71,11 @@ async def sample_rounds(model, speculation: str, prompts, samples: int, rounds: 
             out = await asyncio.gather(*[
                 engine.generate(GenerateRequest(f"r{r}-g{i}/{k}", f"g{i}", p, horizon, temperature=1.0))
                 for i, p in enumerate(prompts) for k in range(samples)])
-        return out, engine.speculation_counters()
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+        manager = engine.llm.logger_manager
+        prometheus = [type(lg).__name__ for lg in manager.stat_loggers if isinstance(lg, PrometheusStatLogger)] if manager else []
+        return out, {**engine.speculation_counters(), "prometheus_loggers": prometheus}
     finally:
         await engine.shutdown()
 
@@ -93,8 +97,11 @@ def chi_square_homogeneity(a: list, b: list) -> float:
 def test_grouped_speculation_keeps_the_sampling_distribution_at_temperature_1(peaked_model):
     rng = np.random.default_rng(1)
     prompts = [rng.integers(5, 250, size=10).astype(np.int32) for _ in range(3)]
-    plain, _ = asyncio.run(sample_rounds(peaked_model, "none", prompts, samples=400, rounds=1, horizon=4))
+    plain, plain_counters = asyncio.run(sample_rounds(peaked_model, "none", prompts, samples=400, rounds=1, horizon=4))
     grouped, counters = asyncio.run(sample_rounds(peaked_model, "grouped", prompts, samples=400, rounds=2, horizon=4))
+    assert plain_counters == {"prometheus_loggers": []}  # without speculation vLLM keeps no statistics
+    # with it, flashq's counters take the place of vLLM's Prometheus logger: no registry to feed per request
+    assert counters["prometheus_loggers"] == ["EngineCounters"]
     assert counters["spec_accepted_tokens"] > 0.2 * counters["spec_draft_tokens"] > 0  # drafts were verified and often accepted
     # the proposer's own counters reach the frontend: its calls (one per engine step) and drafting time
     assert counters["spec_proposer_calls"] > 0 and counters["engine_steps"] > 0 and counters["spec_drafting_s"] > 0
