@@ -276,10 +276,20 @@ def archived(old: dict, jobs: list[str]) -> list[dict]:
             continue
         commits = {r.get("git_commit") for r in old["rows"] if r["job"] == job}
         commit = commits.pop() if len(commits) == 1 else old["git_commit"]
-        same = commit == old["git_commit"]
+        same = commit == old["git_commit"] and ran_job(old.get("command"), job)
         entries.append({"git_commit": commit, "date": old.get("date") if same else None,
                         "command": old.get("command") if same else None, **replaced})
     return entries
+
+
+def ran_job(command: str | None, job: str) -> bool:
+    """Whether `command` (a vs_trl command line) ran `job`: without --jobs it ran every job. Two
+    jobs run apart at one commit leave the file with the last command, which is not the other's."""
+    words = (command or "").split()
+    if "--jobs" not in words:
+        return True
+    named = words[words.index("--jobs") + 1 :]
+    return job in [w for w in named[: next((i for i, w in enumerate(named) if w.startswith("-")), len(named))]]
 
 
 def main() -> None:
