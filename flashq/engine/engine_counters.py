@@ -19,7 +19,8 @@ class EngineCounters(PrometheusStatLogger):
     """Totals since the engine started: engine steps (outputs received with iteration statistics,
     one per engine step), verification steps with a draft, draft tokens, accepted draft tokens."""
 
-    def __init__(self, vllm_config, engine_indexes: list[int] | None = None):  # noqa: D107 - no registry, no metrics
+    def __init__(self, vllm_config, engine_indexes: list[int] | None = None):
+        """Deliberately not PrometheusStatLogger's: no registry, no metrics."""
         self.engine_indexes = engine_indexes or [0]
         self.vllm_config = vllm_config
         self.totals = {"engine_steps": 0.0, "spec_drafts": 0.0, "spec_draft_tokens": 0.0, "spec_accepted_tokens": 0.0}
