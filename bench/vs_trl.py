@@ -285,11 +285,10 @@ def archived(old: dict, jobs: list[str]) -> list[dict]:
 def ran_job(command: str | None, job: str) -> bool:
     """Whether `command` (a vs_trl command line) ran `job`: without --jobs it ran every job. Two
     jobs run apart at one commit leave the file with the last command, which is not the other's."""
-    words = (command or "").split()
-    if "--jobs" not in words:
-        return True
-    named = words[words.index("--jobs") + 1 :]
-    return job in [w for w in named[: next((i for i, w in enumerate(named) if w.startswith("-")), len(named))]]
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--jobs", nargs="+")
+    jobs = ap.parse_known_args((command or "").split())[0].jobs
+    return jobs is None or job in jobs
 
 
 def main() -> None:
