@@ -24,8 +24,9 @@ def run_until_killed(run_dir, victim_role: str, after_step: int) -> str:
     the rollout workers are stopped (SIGSTOP), so the run cannot end before the kill (with
     async_ratio 2 the trainer has a few batches left at most: a run of the tiny model used to
     finish between two looks); the victim is stopped at each look, and killed once it has trained
-    a step the checkpoint lacks, else let go on. If it stands still with nothing left to train
-    (its last step was a checkpoint's), the rollout workers run for a moment more."""
+    a step the newest checkpoint it has begun lacks, else let go on. If it stands still with nothing
+    left to train (its last step was a checkpoint's), the rollout workers run for a moment more
+    while it stays stopped, so it cannot run through the next checkpoint's window unseen."""
     proc = subprocess.Popen(
         launch_cmd(run_dir, ["async_ratio=2", f"trainer.steps={STEPS}", f"trainer.checkpoint_every={EVERY}",
                              "fault.resume_run=false", "fault.restart_workers=false"]),
@@ -38,9 +39,9 @@ def run_until_killed(run_dir, victim_role: str, after_step: int) -> str:
         return [int(line.split("(pid ")[1].split()[0]) for line in list(out) if f" {role_prefix}" in line and "connected (pid" in line]
 
     deadline = time.time() + 300
-    victim, rollouts, last = None, [], None
+    victim, rollouts, last, moved = None, [], None, time.time()
     while time.time() < deadline and victim is None:
-        time.sleep(0.2)
+        time.sleep(0.05 if rollouts else 0.2)  # once near the kill point, look often: a window is 3 steps of the trainer's
         metrics = run_dir / "metrics.jsonl"
         steps = [r["step"] for r in read_jsonl(metrics) if r["kind"] == "step"] if metrics.exists() else []
         if not steps or max(steps) < after_step:
@@ -55,13 +56,15 @@ def run_until_killed(run_dir, victim_role: str, after_step: int) -> str:
         if begun is not None and max(v for v, *_ in trained_requests(run_dir)) >= begun:
             victim = pid
             break
-        os.kill(pid, signal.SIGCONT)
-        if max(steps) == last:
+        if max(steps) != last:
+            last, moved = max(steps), time.time()
+        elif time.time() - moved > 0.5:  # standing still: the rollout workers generate for a moment, the victim held
             for sig in (signal.SIGCONT, signal.SIGSTOP):
                 for rollout in rollouts:
                     os.kill(rollout, sig)
                 time.sleep(0.2)
-        last = max(steps)
+            moved = time.time()
+        os.kill(pid, signal.SIGCONT)
     assert victim, "run never reached the kill point:\n" + "".join(out[-40:])
     os.kill(victim, signal.SIGKILL)
     for pid in rollouts:
