@@ -11,6 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+# imported here, not where a table is printed: a benchmark started outside flashq's environment
+# then stops at once instead of after its runs, with their figures unwritten
+from rich.console import Console
+from rich.table import Table
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -99,9 +104,6 @@ def keep_earlier(name: str, figures: dict) -> dict:
 
 def print_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     """columns: (key, header, format spec)."""
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=title)
     for _, header, _ in columns:
         table.add_column(header, justify="right")
