@@ -159,12 +159,14 @@ def _trl_main(job: str, work: str, sft: str, steps: int, seed: int, out: str) ->
             if logs and "reward" in logs:
                 curve.append((time.time() - t0, float(logs["reward"])))
 
+    # Every setting from flashq's config. Weight decay follows transformers' own rule: it leaves
+    # biases and norm weights undecayed, where flashq's AdamW (as verl's and torchtitan's) decays all.
     config = GRPOConfig(
         output_dir=str(Path(out).parent / "trl-out"), seed=seed, use_cpu=True, bf16=False, report_to="none",
         save_strategy="no", logging_steps=1, max_steps=steps, shuffle_dataset=False,
         per_device_train_batch_size=per_step * group, gradient_accumulation_steps=1, num_generations=group,
         max_completion_length=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature, top_k=0, top_p=1.0, beta=0.0,
-        epsilon=0.2, learning_rate=cfg.trainer.lr, **trl_schedule(cfg.trainer), weight_decay=0.0, max_grad_norm=cfg.trainer.grad_clip,
+        epsilon=0.2, learning_rate=cfg.trainer.lr, **trl_schedule(cfg.trainer), weight_decay=cfg.trainer.weight_decay, max_grad_norm=cfg.trainer.grad_clip,
         loss_type="dapo", scale_rewards="group", dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=sft, reward_funcs=reward, args=config, train_dataset=data, callbacks=[Clock()])
