@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
-from bench.common import RESULTS, git_commit, print_table, write_result  # noqa: E402
+from bench.common import RESULTS, git_commit, machine, print_table, write_result  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -262,9 +262,10 @@ def previous(path: Path) -> dict:
     old = json.loads(path.read_text())
     if "seeds" in old.get("figures", {}):  # written when job A was the only job
         old["figures"].setdefault("job_a_seeds", old["figures"].pop("seeds"))
-    rows = [{"job": "a", "git_commit": old.get("git_commit"), **r} for r in old.get("results", [])]
+    cpu = old.get("machine", {}).get("cpu_model")  # older rows name no machine: they ran on the file's
+    rows = [{"job": "a", "git_commit": old.get("git_commit"), "cpu_model": cpu, **r} for r in old.get("results", [])]
     return {"rows": rows, "figures": old.get("figures", {}), "git_commit": old.get("git_commit"), "date": old.get("date"),
-            "command": old.get("command"), "curves": json.loads((RESULTS / "vs_trl_curves.json").read_text())
+            "command": old.get("command"), "cpu_model": cpu, "curves": json.loads((RESULTS / "vs_trl_curves.json").read_text())
             if (RESULTS / "vs_trl_curves.json").exists() else {}}
 
 
@@ -276,6 +277,7 @@ def archived(old: dict, jobs: list[str]) -> list[dict]:
         replaced = {k: v for k, v in old["figures"].items() if k.startswith(f"job_{job}_") and not isinstance(v, dict)}
         if not replaced:
             continue
+        replaced = {f"job_{job}_cpu_model": old.get("cpu_model")} | replaced
         commits = {r.get("git_commit") for r in old["rows"] if r["job"] == job}
         commit = commits.pop() if len(commits) == 1 else old["git_commit"]
         same = commit == old["git_commit"] and ran_job(old.get("command"), job)
@@ -303,7 +305,7 @@ def main() -> None:
     import trl
 
     steps = {"a": args.steps_a, "b": args.steps_b}
-    commit = git_commit()
+    commit, cpu = git_commit(), machine()["cpu_model"]  # jobs run apart may run on different hosts
     old = previous(RESULTS / "vs_trl.json")
     old_curves = old["curves"] if "a" in old["curves"] or "b" in old["curves"] else {"a": old["curves"]} if old["curves"] else {}
     rows = [r for r in old["rows"] if r["job"] not in args.jobs]
@@ -321,11 +323,11 @@ def main() -> None:
             new_rows = []
             for system, rs in runs.items():
                 for seed, r in enumerate(rs):
-                    new_rows.append({"job": job, "git_commit": commit, "system": system, "seed": seed, "steps": steps[job],
+                    new_rows.append({"job": job, "git_commit": commit, "cpu_model": cpu, "system": system, "seed": seed, "steps": steps[job],
                                      "wall_s": r["wall_s"], "steps_per_s": steps[job] / r["wall_s"],
                                      "samples_per_s": steps[job] * 16 * 8 / r["wall_s"], "final_reward": final_reward(r["curve"])})
             rows += new_rows
-            figures.update(job_figures(job, new_rows, runs))
+            figures.update(job_figures(job, new_rows, runs), **{f"job_{job}_cpu_model": cpu})
             curves[job] = {s: [{"curve": r["curve"]} for r in rs] for s, rs in runs.items()}
             print_table(f"{JOBS[job]['title']}: flashq vs TRL GRPOTrainer", new_rows,
                         [("system", "system", ""), ("seed", "seed", "d"), ("wall_s", "wall s", ".0f"), ("steps_per_s", "steps/s", ".2f"),
