@@ -92,13 +92,15 @@ def write_result(name: str, results: list[dict] | dict, figures: dict, notes: st
 
 def keep_earlier(name: str, figures: dict) -> dict:
     """`figures` with the figures of the result file it replaces appended to `figures["earlier"]`
-    (each with its commit, date and command), so a rerun never erases what was reported before."""
+    (each with its commit, date, command and CPU), so a rerun never erases what was reported before;
+    this host's results differ with its CPU (two kinds here differ 2x in speed and in SFT numerics)."""
     path = RESULTS / f"{name}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     earlier = (old.get("figures") or {}).pop("earlier", [])
     earlier = [earlier] if isinstance(earlier, dict) else list(earlier)
     if old.get("figures"):
-        earlier.append({**old["figures"], "git_commit": old.get("git_commit"), "date": old.get("date"), "command": old.get("command")})
+        earlier.append({**old["figures"], "git_commit": old.get("git_commit"), "date": old.get("date"), "command": old.get("command"),
+                        "cpu_model": (old.get("machine") or {}).get("cpu_model")})
     return {**figures, "earlier": earlier}
 
 
