@@ -342,7 +342,8 @@ def main() -> None:
     schedule = f"{tc.lr_schedule}" + (f" after {tc.lr_warmup_steps} warm-up steps" if tc.lr_warmup_steps else "")
     figures["settings"] = {
         "both": "configs/quickstart.yaml with each job's overrides (bench/vs_trl.py job_overrides): 16 prompts x 8 samples a step, "
-                f"lr {tc.lr:g} {schedule}, grad clip {tc.grad_clip:g}, T = 1, no KL, group-normalised advantages, token-mean clipped loss",
+                f"lr {tc.lr:g} {schedule}, weight decay {tc.weight_decay:g} (flashq: {tc.weight_decay_scope} parameters; TRL: "
+                f"all but biases and norm weights), grad clip {tc.grad_clip:g}, T = 1, no KL, group-normalised advantages, token-mean clipped loss",
         "trl": "GRPOConfig(loss_type=dapo, scale_rewards=group, beta=0, top_k=0, use_cpu, the same lr schedule: "
                f"{trl_schedule(tc)}), "
                "2 torch threads, transformers generate",

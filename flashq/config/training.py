@@ -98,7 +98,11 @@ class TrainerConfig(Section):
     )
     lr_warmup_steps: int = Field(0, ge=0, description="Steps of linear warm-up from lr / lr_warmup_steps to lr.")
     lr_min_ratio: float = Field(0.0, ge=0, le=1, description="Where a cosine or linear decay ends, as a share of lr.")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled decay: each step scales a decayed weight by 1 - lr x this.")
+    weight_decay_scope: Literal["all", "matrices"] = Field(
+        "all", description='Which parameters decay: "all" (as verl and torchtitan), or "matrices": biases and norm weights, '
+        "the 1-D ones, left undecayed (as transformers' Trainer, so TRL, and OpenRLHF and Megatron)."
+    )
     grad_clip: float = Field(1.0, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = Field(1, ge=1, description="CPU: torch intra-op threads (per rank).")

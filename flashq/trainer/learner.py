@@ -94,7 +94,7 @@ class Learner(MicroBatching):
         if tc.loss.kl_coef > 0 and tc.lora is None:  # with LoRA the reference is the base: the adapter switched off
             self.reference = self._policy_model(reference_path or model_path).eval().requires_grad_(False)
         trained = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trained, lr=tc.lr, weight_decay=tc.weight_decay)
+        self.optimizer = torch.optim.AdamW(decay_groups(trained, tc.weight_decay, tc.weight_decay_scope), lr=tc.lr)
         self.version = 0
         self.nonfinite_in_row = 0  # batches skipped for a non-finite gradient since one was applied
         self.temperature = cfg.sampling.temperature or 1.0
@@ -370,3 +370,14 @@ class Learner(MicroBatching):
             parallel.load_optimizer(self.model, self.optimizer, directory / "optimizer")
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
+
+
+def decay_groups(params: list[torch.nn.Parameter], weight_decay: float, scope: str) -> list[dict]:
+    """AdamW's parameter groups. At a strong decay its reach matters: shrinking a norm's gain
+    shrinks what the layer passes on, so "matrices" leaves the 1-D parameters (biases, norm
+    weights) undecayed; "all" decays every parameter alike."""
+    if scope == "all":
+        return [{"params": params, "weight_decay": weight_decay}]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]

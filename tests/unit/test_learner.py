@@ -259,3 +259,20 @@ def test_the_learning_rate_follows_its_schedule_and_a_resumed_run_continues_it(t
 def test_a_warm_up_as_long_as_the_run_is_refused():
     with pytest.raises(ValueError, match="lr_warmup_steps"):
         load_config(None, ["trainer.steps=10", "trainer.lr_warmup_steps=10"])
+
+
+@pytest.mark.parametrize("scope", ["all", "matrices"])
+def test_weight_decay_reaches_the_parameters_its_scope_names(tiny_model, scope):
+    """With zero gradients an AdamW step is the decay alone: each decayed weight x (1 - lr x decay)."""
+    cfg = load_config(None, ["trainer.lr=0.1", "trainer.weight_decay=1.0", f"trainer.weight_decay_scope={scope}"])
+    learner = Learner(cfg, tiny_model)
+    params = dict(learner.model.named_parameters())
+    before = {n: p.detach().clone() for n, p in params.items()}
+    for p in params.values():
+        p.grad = torch.zeros_like(p)
+    learner.optimizer.step()
+    vectors = [n for n, p in params.items() if p.ndim < 2]
+    assert vectors and any("norm" in n for n in vectors)  # the tiny model has norm weights (and biases) to leave alone
+    for n, p in params.items():
+        factor = 1.0 if scope == "matrices" and p.ndim < 2 else 0.9
+        torch.testing.assert_close(p.detach(), before[n] * factor, msg=f"{n} ({scope})")
