@@ -65,6 +65,9 @@ class _RewardProcess:
         try:
             message = self.conn.recv()
         except (EOFError, OSError) as e:
+            # the pipe closes as the process exits, a moment before it can be reaped: wait for that
+            # (on this crash path only) so the error names the exit code
+            self.process.join(2.0)
             message = EOFError(f"the reward process died (exit code {self.process.exitcode}): {type(e).__name__}")
             self.dead = True
             self.loop.remove_reader(self.conn.fileno())
