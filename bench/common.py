@@ -25,7 +25,7 @@ def machine() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
     }
     try:
         import psutil
@@ -48,7 +48,7 @@ def machine() -> dict:
     return info
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

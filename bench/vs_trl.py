@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
-from bench.common import RESULTS, git_commit, machine, print_table, write_result  # noqa: E402
+from bench.common import RESULTS, cpu_model, git_commit, print_table, write_result  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -77,18 +77,28 @@ def make_sft(job: str, work: Path) -> Path:
     return out
 
 
+def flashq_command(job: str, mode: str, work: Path, run_dir: Path, sft: Path, steps: int, seed: int) -> list[str]:
+    """The `flashq launch` command line of one run of `job` in `mode` from the shared SFT checkpoint."""
+    return [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", f"model.name={sft}",
+            "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}", f"trainer.seed={seed}",
+            *job_overrides(job, work), *JOBS[job]["modes"][mode]]
+
+
+def step_rows(run_dir: Path) -> list[dict]:
+    """The per-step metrics a run wrote."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("kind") == "step"]
+
+
 def run_flashq(job: str, mode: str, work: Path, sft: Path, steps: int, seed: int) -> dict:
     run_dir = work / f"flashq-{job}-{list(JOBS[job]['modes']).index(mode)}-{seed}"
-    cmd = [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", f"model.name={sft}",
-           "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}", f"trainer.seed={seed}",
-           *job_overrides(job, work), *JOBS[job]["modes"][mode]]
+    cmd = flashq_command(job, mode, work, run_dir, sft, steps, seed)
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"flashq run failed:\n{proc.stdout[-4000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps_rows = [r for r in rows if r.get("kind") == "step"]
+    steps_rows = step_rows(run_dir)
     return {"wall_s": wall, "curve": [(r["time"] - t0, r["reward/mean"]) for r in steps_rows], "breakdown": breakdown(steps_rows),
             "lengths": response_lengths(run_dir / "trained.jsonl", steps)}
 
@@ -305,7 +315,7 @@ def main() -> None:
     import trl
 
     steps = {"a": args.steps_a, "b": args.steps_b}
-    commit, cpu = git_commit(), machine()["cpu_model"]  # jobs run apart may run on different hosts
+    commit, cpu = git_commit(), cpu_model()  # jobs run apart may run on different hosts
     old = previous(RESULTS / "vs_trl.json")
     old_curves = old["curves"] if "a" in old["curves"] or "b" in old["curves"] else {"a": old["curves"]} if old["curves"] else {}
     rows = [r for r in old["rows"] if r["job"] not in args.jobs]
