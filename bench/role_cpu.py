@@ -12,7 +12,6 @@ what flashq pays for them on the host it runs on.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -57,23 +56,21 @@ def cpu_seconds(pid: str) -> float | None:
 def run(work: Path, steps: int, seed: int) -> dict:
     sft = vs_trl.make_sft("a", work)
     run_dir = work / f"run-{seed}"
-    cmd = [sys.executable, "-m", "flashq.cli", "launch", str(vs_trl.CONFIG), "--no-progress", f"log.run_dir={run_dir}",
-           f"model.name={sft}", "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}",
-           f"trainer.seed={seed}", *vs_trl.job_overrides("a", work)]
-    seen: dict[str, tuple[str, float]] = {}  # pid -> (role, its latest CPU seconds): a process's last reading before it ends
+    cmd = vs_trl.flashq_command("a", "flashq", work, run_dir, sft, steps, seed)
+    # pid -> (its role, its CPU seconds) at the latest reading: a process's last reading before it ends, under
+    # the role it ended as (a role forked from the launcher reads as the launcher until it execs)
+    seen: dict[str, tuple[str, float]] = {}
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=vs_trl.ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None:
         for pid in filter(str.isdigit, os.listdir("/proc")):
-            role = seen[pid][0] if pid in seen else role_of(pid)
-            if role is not None and (s := cpu_seconds(pid)) is not None:
+            if (role := role_of(pid)) is not None and (s := cpu_seconds(pid)) is not None:
                 seen[pid] = (role, s)
         time.sleep(0.25)
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"flashq run failed:\n{proc.stderr.read()[-4000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    step_s = vs_trl.breakdown([r for r in rows if r.get("kind") == "step"])["step_s"]
+    step_s = vs_trl.breakdown(vs_trl.step_rows(run_dir))["step_s"]
     per_role: dict[str, float] = {}
     for role, s in seen.values():
         per_role[role] = per_role.get(role, 0.0) + s / steps
