@@ -178,6 +178,21 @@ class Hub:
             self.inbox.extend((peer, m) for m in self.codec.decode_all(peer, frames))
         return self.inbox.popleft()
 
+    async def recv_ready(self, max_reads: int = 16) -> tuple[str, Message] | None:
+        """The next message already here, without waiting: one left from a bundle, or one the
+        socket holds (reading at most `max_reads` ZeroMQ messages); None when there is none."""
+        for _ in range(max_reads):
+            if self.inbox:
+                break
+            try:
+                ident, *frames = await self.sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            peer = _peer_name(bytes(ident.buffer))
+            self.last_seen[peer] = time.monotonic()
+            self.inbox.extend((peer, m) for m in self.codec.decode_all(peer, frames))
+        return self.inbox.popleft() if self.inbox else None
+
     @property
     def rejected(self) -> Counter[str]:
         return self.codec.rejected

@@ -52,6 +52,7 @@ from flashq.transport import Hub, PeerLost
 
 log = logging.getLogger("flashq.coordinator")
 REASON_DETAIL = re.compile(r"[\w./-]*\d[\w./-]*")  # an id or a number in a reason
+MAX_MESSAGES_PER_PUMP = 4096  # handled before the pump runs, so a flood cannot hold back sends
 
 
 def rejection_kind(peer: str, msg: Message, error: Exception) -> str:
@@ -192,18 +193,27 @@ class Coordinator(StepMetrics):
                 clock.reset()
         await self._pump()
         while not self.orch.done:
-            peer, msg = await self.hub.recv()
-            try:
-                if isinstance(msg, Hello):
-                    await self._rejoin(peer, msg)
-                elif peer not in self.alive and not isinstance(msg, Fatal):
-                    await self._stop_stale(peer, msg)
-                else:
-                    self._handle(peer, msg)
-            except (KeyError, ValueError) as e:
-                self._reject(peer, msg, e)
+            await self._receive(*await self.hub.recv())
+            # what else has arrived (a worker's bundle holds about a hundred answers) is handled
+            # before one pump, so what they release leaves as one bundle per peer, not one
+            # ZeroMQ send per answer
+            for _ in range(MAX_MESSAGES_PER_PUMP):
+                if self.orch.done or (ready := await self.hub.recv_ready()) is None:
+                    break
+                await self._receive(*ready)
             await self._pump()
         log.info("trained %d steps; books: %s", self.cfg.trainer.steps, json.dumps(self.orch.ledger.summary(self.orch.buffer)))
+
+    async def _receive(self, peer: str, msg: Message) -> None:
+        try:
+            if isinstance(msg, Hello):
+                await self._rejoin(peer, msg)
+            elif peer not in self.alive and not isinstance(msg, Fatal):
+                await self._stop_stale(peer, msg)
+            else:
+                self._handle(peer, msg)
+        except (KeyError, ValueError) as e:
+            self._reject(peer, msg, e)
 
     def _reject(self, peer: str, msg: Message, error: Exception) -> None:
         """Count a refused message by its kind of reason, and log the first of each kind."""

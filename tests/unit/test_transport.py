@@ -185,6 +185,28 @@ def test_messages_sent_together_travel_as_one_bundle_and_arrive_in_order():
     run(main())
 
 
+def test_recv_ready_returns_what_is_already_here_and_never_waits():
+    """`Hub.recv_ready` gives the rest of a bundle, then messages the socket already holds, in
+    order, and None (at once) when nothing is there."""
+
+    async def main():
+        hub = Hub("tcp://127.0.0.1:*")
+        a, b = Link(hub.address, "rollout-0"), Link(hub.address, "reward-0")
+        assert await hub.recv_ready() is None
+        await asyncio.gather(*(a.send(sample(i, n=5)) for i in range(3)))
+        await b.send(Heartbeat(7.0))
+        first = await hub.recv()
+        rest = [await hub.recv_ready() for _ in range(2)]
+        assert [int(m.token_ids[0]) for _, m in [first, *rest]] == [0, 1, 2]
+        while (ready := await hub.recv_ready()) is None:  # b's message may still be on its way
+            await asyncio.sleep(0.01)
+        assert ready[0] == "reward-0" and ready[1].sent_at == 7.0
+        assert await hub.recv_ready() is None and not hub.inbox
+        hub.close(), a.close(), b.close()
+
+    run(main())
+
+
 def test_a_bad_message_inside_a_bundle_costs_only_itself():
     from flashq.codec import BUNDLE_MARK, pack
 
