@@ -111,8 +111,11 @@ def run_sft(cfg: FlashqConfig) -> Path:
     # annealed: that is what lets a small model settle on the exact answers; at a constant rate its
     # accuracy swings with chance
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, sc.steps, "cosine", sc.warmup_steps))
+    reward_fn = load_reward_fn(cfg.reward.function) if demo is None else None
+    stop = StopAtAccuracy(cfg, tokenizer, reward_fn, device) if sc.stop_at_greedy_accuracy is not None else None
     t0 = time.monotonic()
     next_task = 0
+    steps = 0
     for step in range(sc.steps):
         ids, masks = [], []
         for _ in range(sc.batch_size):
@@ -130,12 +133,16 @@ def run_sft(cfg: FlashqConfig) -> Path:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if (step + 1) % max(1, sc.steps // 10) == 0 or step == 0:
-            log.info("sft step %d/%d  loss %.4f", step + 1, sc.steps, loss.item())
-    summary = {"steps": sc.steps, "examples": next_task, "seconds": time.monotonic() - t0, "final_loss": loss.item()}
+        steps = step + 1
+        if steps % max(1, sc.steps // 10) == 0 or step == 0:
+            log.info("sft step %d/%d  loss %.4f", steps, sc.steps, loss.item())
+        if stop is not None and stop.reached(model, steps):
+            break
+    summary = {"steps": steps, "examples": next_task, "seconds": time.monotonic() - t0, "final_loss": loss.item()}
+    if stop is not None:
+        summary["stop_checks"] = stop.checks  # [step, greedy accuracy] of each check
     if demo is None:  # an environment's reward is measured by playing it, in the RL run
         eval_source = training_tasks(cfg, cfg.task.model_copy(update={"seed": cfg.task.seed + 2_000_003 + sc.seed}))
-        reward_fn = load_reward_fn(cfg.reward.function)
         summary.update(evaluate(model, tokenizer, eval_source, system, reward_fn, sc.eval_prompts, cfg.sampling.max_tokens, device))
         log.info("sft greedy accuracy %.3f, sampled (T=1) accuracy %.3f", summary["greedy_accuracy"], summary["sampled_accuracy"])
     log.info("sft done in %.0fs", summary["seconds"])
@@ -146,6 +153,29 @@ def run_sft(cfg: FlashqConfig) -> Path:
     tmp.rename(out)
     chat_encoder.remember(type(tokenizer).from_pretrained(str(out)), out, cfg.model.cache_dir)  # the RL run's coordinator encodes from it
     return out
+
+
+class StopAtAccuracy:
+    """`sft.stop_at_greedy_accuracy`: every `check_every` steps, greedy accuracy on fresh training
+    tasks of a draw of their own (neither SFT's examples nor the summary's evaluation prompts)."""
+
+    def __init__(self, cfg: FlashqConfig, tokenizer, reward_fn, device) -> None:
+        sc = cfg.sft
+        self.target, self.every = sc.stop_at_greedy_accuracy, sc.check_every
+        source = training_tasks(cfg, cfg.task.model_copy(update={"seed": cfg.task.seed + 3_000_003 + sc.seed}))
+        self.measure = lambda model: evaluate(model, tokenizer, source, cfg.task.system_prompt, reward_fn, sc.eval_prompts,
+                                              cfg.sampling.max_tokens, device, modes=("greedy",))["greedy_accuracy"]
+        self.checks: list[list[float]] = []
+
+    def reached(self, model, step: int) -> bool:
+        if step % self.every:
+            return False
+        accuracy = self.measure(model)
+        self.checks.append([step, accuracy])
+        if accuracy >= self.target:
+            log.info("sft stops at step %d: greedy accuracy %.3f reached sft.stop_at_greedy_accuracy %.3f", step, accuracy, self.target)
+            return True
+        return False
 
 
 def _loss(model, ids: list[list[int]], masks: list[list[int]], device) -> torch.Tensor:
@@ -164,7 +194,8 @@ def _loss(model, ids: list[list[int]], masks: list[list[int]], device) -> torch.
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, source, system, reward_fn, n: int, max_tokens: int, device) -> dict[str, float]:
+def evaluate(model, tokenizer, source, system, reward_fn, n: int, max_tokens: int, device,
+             modes: tuple[str, ...] = ("greedy", "sampled")) -> dict[str, float]:
     """Mean reward on n fresh tasks, greedy and sampled at temperature 1 (here, in the main
     thread, so signal-based reward timeouts work)."""
     score = (lambda t, x: asyncio.run(reward_fn(t, x))) if inspect.iscoroutinefunction(reward_fn) else reward_fn
@@ -174,7 +205,8 @@ def evaluate(model, tokenizer, source, system, reward_fn, n: int, max_tokens: in
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     out = {}
-    for name, kwargs in (("greedy", {"do_sample": False}), ("sampled", {"do_sample": True, "temperature": 1.0, "top_k": 0})):
+    decoding = {"greedy": {"do_sample": False}, "sampled": {"do_sample": True, "temperature": 1.0, "top_k": 0}}
+    for name, kwargs in ((m, decoding[m]) for m in modes):
         gen = model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=tokenizer.pad_token_id, **kwargs)
         texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         out[f"{name}_accuracy"] = float(np.mean([score(t, x) for t, x in zip(tasks, texts)]))

@@ -312,6 +312,13 @@ class SFTConfig(Section):
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up, then cosine decay to zero over the remaining steps.")
     threads: int = Field(2, ge=1, description="CPU: torch threads.")
     eval_prompts: int = Field(256, ge=1)
+    stop_at_greedy_accuracy: float | None = Field(
+        None, gt=0, le=1, description="Stop once greedy accuracy on eval_prompts fresh training tasks (a draw of its own, "
+        "not the summary's) reaches this, checked every check_every steps; the lr schedule still spans `steps`, the most "
+        "it runs. Where SFT ends then depends on what the model learned, not on how a CPU rounds (a tiny model's SFT "
+        "amplifies the difference). Task sources only: an environment's demonstrations have no answers to check."
+    )
+    check_every: int = Field(25, ge=1, description="Steps between the checks of stop_at_greedy_accuracy.")
     seed: int = 0
     output_dir: Path | None = Field(None, description="Default: <model.cache_dir>/sft-<name>-<fingerprint>.")
 
