@@ -26,7 +26,7 @@ def test_sft_stops_at_the_first_check_that_reaches_the_accuracy_and_checks_chang
 
     unreached, checked = sft(tiny_model, tmp_path, "unreached", "sft.stop_at_greedy_accuracy=0.6")
     assert unreached["steps"] == 7 and unreached["stop_checks"] == [[3, 0.5], [6, 0.5]]
-    plain, unchecked = sft(tiny_model, tmp_path, "plain")
+    plain, unchecked = sft(tiny_model, tmp_path, "plain", "sft.stop_at_greedy_accuracy=null")
     assert plain["steps"] == 7 and "stop_checks" not in plain
     # greedy checks draw no random numbers: the run that never stopped trained exactly as one without checks
     assert checked.keys() == unchecked.keys() and all(torch.equal(checked[k], unchecked[k]) for k in checked)
