@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashq.config import FlashqConfig
+from flashq.config import SFT_STOP_NEEDS_ANSWERS, ConfigError, FlashqConfig
 from flashq.data import chat_encoder, chat_messages, training_tasks
 from flashq.rewards import load_reward_fn
 from flashq.trainer.lr_schedule import lr_factor
@@ -32,8 +32,13 @@ log = logging.getLogger("flashq.sft")
 def output_dir(cfg: FlashqConfig) -> Path:
     if cfg.sft.output_dir is not None:
         return cfg.sft.output_dir
+    sft = cfg.sft.model_dump(mode="json")
+    if sft["stop_at_greedy_accuracy"] is None:  # keys made before the stop existed stay valid
+        del sft["stop_at_greedy_accuracy"], sft["check_every"]
+    else:  # where it stops is judged by the reward on answers this long
+        sft["judged_by"] = [cfg.reward.function, cfg.sampling.max_tokens, cfg.task.system_prompt]
     key = json.dumps(
-        {"model": cfg.model.model_dump(mode="json"), "task": cfg.task.model_dump(mode="json"), "sft": cfg.sft.model_dump(mode="json"),
+        {"model": cfg.model.model_dump(mode="json"), "task": cfg.task.model_dump(mode="json"), "sft": sft,
          **({"env": cfg.env.model_dump(mode="json")} if cfg.env is not None else {}),
          **({"holdout": cfg.eval.holdout} if cfg.eval is not None and cfg.eval.task is None else {})},  # SFT never sees held-out prompts
         sort_keys=True,
@@ -106,6 +111,8 @@ def run_sft(cfg: FlashqConfig) -> Path:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
     source = training_tasks(cfg, cfg.task.model_copy(update={"seed": cfg.task.seed + 1_000_003 + sc.seed}))
     demo = env_demonstrations(cfg) if cfg.env is not None else None
+    if demo is not None and sc.stop_at_greedy_accuracy is not None:
+        raise ConfigError(SFT_STOP_NEEDS_ANSWERS)
     system = cfg.task.system_prompt
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
     # annealed: that is what lets a small model settle on the exact answers; at a constant rate its
@@ -199,6 +206,7 @@ def evaluate(model, tokenizer, source, system, reward_fn, n: int, max_tokens: in
     """Mean reward on n fresh tasks, greedy and sampled at temperature 1 (here, in the main
     thread, so signal-based reward timeouts work)."""
     score = (lambda t, x: asyncio.run(reward_fn(t, x))) if inspect.iscoroutinefunction(reward_fn) else reward_fn
+    was_training = model.training
     model.eval()
     tasks = [source.task(i) for i in range(n)]
     prompts = [tokenizer.apply_chat_template(chat_messages(t, system), add_generation_prompt=True, tokenize=False) for t in tasks]
@@ -210,5 +218,5 @@ def evaluate(model, tokenizer, source, system, reward_fn, n: int, max_tokens: in
         gen = model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=tokenizer.pad_token_id, **kwargs)
         texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         out[f"{name}_accuracy"] = float(np.mean([score(t, x) for t, x in zip(tasks, texts)]))
-    model.train()
+    model.train(was_training)  # as it was: a check must not change how SFT goes on
     return out

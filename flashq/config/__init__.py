@@ -43,6 +43,10 @@ from flashq.config.sections import (  # noqa: F401 - the sections are part of th
 from flashq.config.training import LoRAConfig, LossConfig, TrainerConfig  # noqa: F401 - as above
 
 
+SFT_STOP_NEEDS_ANSWERS = ("sft.stop_at_greedy_accuracy checks answers to task prompts: an env's demonstrations have none "
+                          "(set sft.stop_at_greedy_accuracy=null and choose sft.steps)")
+
+
 class FlashqConfig(Section):
     name: str = "quickstart"
     seed: int = 0
@@ -91,9 +95,12 @@ class FlashqConfig(Section):
             raise ValueError("rollout.scheduler 'oracle' needs sampling.forced_lengths (it must know every length)")
         if fl is not None and not fl.min <= fl.median <= fl.max <= self.sampling.max_tokens:
             raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
-        if self.env is not None and self.sft.stop_at_greedy_accuracy is not None:
-            raise ValueError("sft.stop_at_greedy_accuracy checks answers to task prompts: an env's demonstrations have none "
-                             "(leave it unset and choose sft.steps)")
+        if self.env is not None and self.sft.warm_start and self.sft.stop_at_greedy_accuracy is not None:
+            raise ValueError(SFT_STOP_NEEDS_ANSWERS)
+        sc = self.sft
+        if sc.stop_at_greedy_accuracy is not None and sc.check_every > sc.steps:
+            raise ValueError(f"sft.check_every ({sc.check_every}) is past sft.steps ({sc.steps}): stop_at_greedy_accuracy "
+                             "would never be checked")
         if self.env is not None and (self.rollout.scheduler != "fifo" or self.rollout.chunk_tokens or fl is not None):
             raise ValueError("env episodes run with rollout.scheduler fifo, no rollout.chunk_tokens and no sampling.forced_lengths")
         if self.eval is not None and fl is not None:
