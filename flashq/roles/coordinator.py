@@ -374,6 +374,9 @@ class Coordinator(StepMetrics):
             # training is over, so no push will bring a restarted engine the final weights
             log.warning("%s lost during the final evaluation round, and no engine serves the final weights: round abandoned", peer)
             self._fault({"peer": peer, "event": "eval_abandoned", "rounds": evaluator.abandon()})
+        # what was queued for it is void (its work was re-queued above): were it to say hello again
+        # before the next pump, the restarted worker must not get its old self's messages
+        self.orch.outbox = [(p, m) for p, m in self.orch.outbox if p != peer]
 
     async def _rejoin(self, peer: str, hello: Hello) -> None:
         """A restarted worker said hello: start it; a rollout worker joins the next weight group."""

@@ -13,14 +13,15 @@ from flashq.roles.coordinator import Coordinator
 from flashq.transport import Link
 
 
-def test_answers_arriving_together_leave_for_the_reward_worker_as_one_message(tmp_path):
+def test_answers_arriving_together_leave_for_the_reward_worker_as_one_message(tiny_model, tmp_path):
     """A rollout worker's answers travel as one bundle; the coordinator handles all of them
     before it pumps, so the score requests they release reach the reward worker as one ZeroMQ
     message, not one per answer (each message costs a send and a wake-up on a busy core)."""
 
     async def main():
-        cfg = load_config(None, ["sampling.group_size=4", "trainer.batch_groups=2", "trainer.steps=2"])
-        coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path)
+        cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
+                                 "trainer.batch_groups=2", "trainer.steps=2"])
+        coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path / "run")
         run = asyncio.create_task(coord.run())
         while not hasattr(coord, "hub"):  # bound once run() has made it
             await asyncio.sleep(0.01)

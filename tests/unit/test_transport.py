@@ -194,8 +194,8 @@ def test_recv_ready_returns_what_is_already_here_and_never_waits():
         a, b = Link(hub.address, "rollout-0"), Link(hub.address, "reward-0")
         assert await hub.recv_ready() is None
         await asyncio.gather(*(a.send(sample(i, n=5)) for i in range(3)))
-        await b.send(Heartbeat(7.0))
         first = await hub.recv()
+        await b.send(Heartbeat(7.0))  # after a's bundle is in: ROUTER takes its peers in turns
         rest = [await hub.recv_ready() for _ in range(2)]
         assert [int(m.token_ids[0]) for _, m in [first, *rest]] == [0, 1, 2]
         while (ready := await hub.recv_ready()) is None:  # b's message may still be on its way
