@@ -173,6 +173,8 @@ class StopAtAccuracy:
         self.measure = lambda model: evaluate(model, tokenizer, source, cfg.task.system_prompt, reward_fn, sc.eval_prompts,
                                               cfg.sampling.max_tokens, device, modes=("greedy",))["greedy_accuracy"]
         self.checks: list[list[float]] = []
+        if self.every > sc.steps:  # a short try of a config that stops (the quickstart's) still runs, and says so
+            log.warning("sft.check_every (%d) is past sft.steps (%d): stop_at_greedy_accuracy is never checked", self.every, sc.steps)
 
     def reached(self, model, step: int) -> bool:
         if step % self.every:

@@ -97,10 +97,6 @@ class FlashqConfig(Section):
             raise ValueError("sampling.forced_lengths needs min <= median <= max <= sampling.max_tokens")
         if self.env is not None and self.sft.warm_start and self.sft.stop_at_greedy_accuracy is not None:
             raise ValueError(SFT_STOP_NEEDS_ANSWERS)
-        sc = self.sft
-        if sc.stop_at_greedy_accuracy is not None and sc.check_every > sc.steps:
-            raise ValueError(f"sft.check_every ({sc.check_every}) is past sft.steps ({sc.steps}): stop_at_greedy_accuracy "
-                             "would never be checked")
         if self.env is not None and (self.rollout.scheduler != "fifo" or self.rollout.chunk_tokens or fl is not None):
             raise ValueError("env episodes run with rollout.scheduler fifo, no rollout.chunk_tokens and no sampling.forced_lengths")
         if self.eval is not None and fl is not None:
