@@ -172,10 +172,7 @@ class Hub:
     async def recv(self) -> tuple[str, Message]:
         """Next valid message; invalid frames are counted and skipped."""
         while not self.inbox:
-            ident, *frames = await self.sock.recv_multipart(copy=False)
-            peer = _peer_name(bytes(ident.buffer))
-            self.last_seen[peer] = time.monotonic()
-            self.inbox.extend((peer, m) for m in self.codec.decode_all(peer, frames))
+            self._take(await self.sock.recv_multipart(copy=False))
         return self.inbox.popleft()
 
     async def recv_ready(self, max_reads: int = 16) -> tuple[str, Message] | None:
@@ -185,13 +182,17 @@ class Hub:
             if self.inbox:
                 break
             try:
-                ident, *frames = await self.sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+                self._take(await self.sock.recv_multipart(copy=False, flags=zmq.NOBLOCK))
             except zmq.Again:
                 return None
-            peer = _peer_name(bytes(ident.buffer))
-            self.last_seen[peer] = time.monotonic()
-            self.inbox.extend((peer, m) for m in self.codec.decode_all(peer, frames))
         return self.inbox.popleft() if self.inbox else None
+
+    def _take(self, message: list) -> None:
+        """One received ZeroMQ message: its sender is seen now, its valid messages join the inbox."""
+        ident, *frames = message
+        peer = _peer_name(bytes(ident.buffer))
+        self.last_seen[peer] = time.monotonic()
+        self.inbox.extend((peer, m) for m in self.codec.decode_all(peer, frames))
 
     @property
     def rejected(self) -> Counter[str]:
