@@ -35,6 +35,11 @@ sys.path.insert(0, str(ROOT))
 from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 
 
+def seed_overrides(seed: int) -> list[str]:
+    """Seed k sets every seed in the config: the run's, the task's, SFT's and the trainer's."""
+    return [f"{key}={seed}" for key in ("seed", "task.seed", "sft.seed", "trainer.seed")]
+
+
 def run_quickstart(run_dir: Path, sft_dir: Path, overrides) -> tuple[float, dict]:
     """`bash launch/quickstart.sh` with `overrides`, as a user runs it: (wall seconds, summary.json)."""
     cmd = ["bash", "launch/quickstart.sh", "--no-progress", f"log.run_dir={run_dir}", f"sft.output_dir={sft_dir}", *overrides]
@@ -58,8 +63,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="flashq-quickstart-") as tmp:
         for seed in args.seeds:
             work = (args.keep or Path(tmp)) / f"seed-{seed}"
-            seeds = [f"{key}={seed}" for key in ("seed", "task.seed", "sft.seed", "trainer.seed")]
-            wall, summary = run_quickstart(work / "run", work / "sft", [*seeds, *args.overrides])
+            wall, summary = run_quickstart(work / "run", work / "sft", [*seed_overrides(seed), *args.overrides])
             if seed == 0 and not args.overrides:
                 (ROOT / "docs").mkdir(exist_ok=True)
                 shutil.copy(work / "run" / "report.png", ROOT / "docs" / "quickstart.png")

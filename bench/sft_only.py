@@ -28,6 +28,8 @@ def main() -> None:
     from flashq.rewards import load_reward_fn
     from flashq.sft import evaluate, run_sft
 
+    from bench.quickstart import seed_overrides
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="config overrides")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 100, 101, 102])
@@ -35,8 +37,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="flashq-sft-only-") as tmp:
         for seed in args.seeds:
             out = Path(tmp) / f"sft-{seed}"
-            seeds = [f"{key}={seed}" for key in ("seed", "task.seed", "sft.seed", "trainer.seed")]
-            cfg = load_config(ROOT / "configs/quickstart.yaml", [*seeds, f"sft.output_dir={out}", *args.overrides])
+            cfg = load_config(ROOT / "configs/quickstart.yaml", [*seed_overrides(seed), f"sft.output_dir={out}", *args.overrides])
             t0 = time.monotonic()
             run_sft(cfg)
             sft_s = time.monotonic() - t0

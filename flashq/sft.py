@@ -122,8 +122,7 @@ def run_sft(cfg: FlashqConfig) -> Path:
     stop = StopAtAccuracy(cfg, tokenizer, reward_fn, device) if sc.stop_at_greedy_accuracy is not None else None
     t0 = time.monotonic()
     next_task = 0
-    steps = 0
-    for step in range(sc.steps):
+    for step in range(1, sc.steps + 1):
         ids, masks = [], []
         for _ in range(sc.batch_size):
             if demo is not None:
@@ -140,12 +139,11 @@ def run_sft(cfg: FlashqConfig) -> Path:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        steps = step + 1
-        if steps % max(1, sc.steps // 10) == 0 or step == 0:
-            log.info("sft step %d/%d  loss %.4f", steps, sc.steps, loss.item())
-        if stop is not None and stop.reached(model, steps):
+        if step % max(1, sc.steps // 10) == 0 or step == 1:
+            log.info("sft step %d/%d  loss %.4f", step, sc.steps, loss.item())
+        if stop is not None and stop.reached(model, step):
             break
-    summary = {"steps": steps, "examples": next_task, "seconds": time.monotonic() - t0, "final_loss": loss.item()}
+    summary = {"steps": step, "examples": next_task, "seconds": time.monotonic() - t0, "final_loss": loss.item()}
     if stop is not None:
         summary["stop_checks"] = stop.checks  # [step, greedy accuracy] of each check
     if demo is None:  # an environment's reward is measured by playing it, in the RL run
