@@ -39,6 +39,7 @@ def output_dir(cfg: FlashqConfig) -> Path:
         sft["judged_by"] = [cfg.reward.function, cfg.sampling.max_tokens, cfg.task.system_prompt]
     key = json.dumps(
         {"model": cfg.model.model_dump(mode="json"), "task": cfg.task.model_dump(mode="json"), "sft": sft,
+         **({"tiny_build": cfg.model.tiny.fingerprint()} if cfg.model.name == "tiny" else {}),  # its tokenizer's version
          **({"env": cfg.env.model_dump(mode="json")} if cfg.env is not None else {}),
          **({"holdout": cfg.eval.holdout} if cfg.eval is not None and cfg.eval.task is None else {})},  # SFT never sees held-out prompts
         sort_keys=True,

@@ -19,9 +19,15 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flashq.models.tiny import CHAT_TEMPLATE, EOS, IM_END, IM_START, PAD, build_once, vocab
+from flashq.models.tiny import EOS, IM_END, IM_START, PAD, build_once, vocab
 
 VOCAB_SIZE = 151936
+CHATML_TEMPLATE = (  # Qwen's own: the real tokenizer spends 3 tokens on "<|im_start|>user\n", this one 7
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 _COMMON = dict(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
                max_position_embeddings=32768, hidden_act="silu")
 PRESETS: dict[str, dict] = {
@@ -68,7 +74,7 @@ def build_tokenizer(size: int = VOCAB_SIZE):
 
     tok = Qwen2Tokenizer(vocab=padded_vocab(size), merges=[], unk_token=EOS, eos_token=IM_END, pad_token=PAD,
                          additional_special_tokens=[EOS, IM_START])
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = CHATML_TEMPLATE
     return tok
 
 

@@ -8,6 +8,12 @@ The tokenizer is a Qwen2 byte-level BPE with no merges: every byte is one token.
 loads any `qwen2` checkpoint with `Qwen2Tokenizer` (its own pre-tokenizer), so the tokenizer must
 be of that shape; without merges it is character-level for ASCII, which keeps sampled ids and
 text in one-to-one correspondence and needs no training.
+
+The chat template opens a system, user or assistant turn with one token of its own (`<|user|>`)
+and closes it with `<|im_end|>`; other roles are spelled out ChatML's way. Spelled in bytes,
+ChatML's "<|im_start|>user\n12+7=<|im_end|>\n<|im_start|>assistant\n" is 24 tokens where a real
+BPE vocabulary (Qwen's) needs 13, and on two cores the prompt's prefill is most of what the engine
+computes for a sum: here it is 8 tokens ("<|user|>12+7=<|im_end|><|assistant|>").
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}  # after the bytes
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% if message['role'] in ['system', 'user', 'assistant'] %}{{ '<|' + message['role'] + '|>' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' }}{% endif %}"
+    "{{ message['content'] + '<|im_end|>' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
 
@@ -49,7 +58,7 @@ class TinyModelSpec(BaseModel):
         return self.hidden_size // self.num_attention_heads
 
     def fingerprint(self) -> str:
-        payload = json.dumps(self.model_dump(), sort_keys=True) + "|v1"
+        payload = json.dumps(self.model_dump(), sort_keys=True) + "|v2"  # v2: one token per role in the chat template
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -62,22 +71,28 @@ def vocab() -> dict[str, int]:
     return {tok: i for i, tok in enumerate(tokens)}
 
 
+def tiny_vocab() -> dict[str, int]:
+    """`vocab()` and the role tokens after it (the byte ids stay where real_size.py's are)."""
+    base = vocab()
+    return base | {tok: len(base) + i for i, tok in enumerate(ROLE_TOKENS.values())}
+
+
 def padded_vocab_size() -> int:
     """Embedding rows: the vocabulary rounded up to a multiple of 64."""
-    return (len(SPECIAL_TOKENS) + 256 + 63) // 64 * 64
+    return (len(tiny_vocab()) + 63) // 64 * 64
 
 
 def build_tokenizer():
-    """A byte-level `Qwen2Tokenizer` without merges, with ChatML special tokens."""
+    """A byte-level `Qwen2Tokenizer` without merges, with ChatML's special tokens and the role tokens."""
     from transformers import Qwen2Tokenizer
 
     tok = Qwen2Tokenizer(
-        vocab=vocab(),
+        vocab=tiny_vocab(),
         merges=[],
         unk_token=EOS,
         eos_token=IM_END,
         pad_token=PAD,
-        additional_special_tokens=[EOS, IM_START],
+        additional_special_tokens=[EOS, IM_START, *ROLE_TOKENS.values()],
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok

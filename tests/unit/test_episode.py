@@ -52,7 +52,7 @@ def test_sequence_is_the_chat_template_of_the_conversation_and_only_sampled_toke
     assert full == TOK(text.rstrip("\n"), add_special_tokens=False)["input_ids"]  # what a fresh render gives
     # each turn's prompt was exactly the sequence so far: the engine saw what the trainer scores
     for k, p in enumerate(prompts[1:], 1):
-        assert full[: len(p)] == p and TOK.decode(p).endswith("<|im_start|>assistant\n")
+        assert full[: len(p)] == p and TOK.decode(p).endswith("<|assistant|>")
     sampled = TOK.decode(result.token_ids[result.loss_mask == 1].tolist())
     assert sampled == "".join(g + "<|im_end|>" for g in guesses)
     assert np.all(result.logprobs[result.loss_mask == 0] == 0) and np.all(result.logprobs[result.loss_mask == 1] == -0.5)
