@@ -58,7 +58,9 @@ class TinyModelSpec(BaseModel):
         return self.hidden_size // self.num_attention_heads
 
     def fingerprint(self) -> str:
-        payload = json.dumps(self.model_dump(), sort_keys=True) + "|v2"  # v2: one token per role in the chat template
+        """Of the shape and of the tokenizer (vocabulary and chat template), so a build of another
+        tokenizer is never taken for this one."""
+        payload = json.dumps([self.model_dump(), tiny_vocab(), CHAT_TEMPLATE], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 

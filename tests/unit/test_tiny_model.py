@@ -1,7 +1,8 @@
 """The tiny model's tokenizer: one token per chat role, and SFT caches that follow its build."""
 
 from flashq.config import load_config
-from flashq.models.tiny import ROLE_TOKENS, TinyModelSpec, build_tokenizer, padded_vocab_size
+from flashq.models import tiny
+from flashq.models.tiny import ROLE_TOKENS, TinyModelSpec, build_tokenizer, padded_vocab_size, tiny_vocab, vocab
 from flashq.sft import output_dir
 
 TOK = build_tokenizer()
@@ -16,7 +17,8 @@ def test_a_sum_prompt_is_its_five_bytes_and_three_chat_tokens():
 
 def test_role_tokens_follow_the_bytes_and_other_roles_are_spelled_out():
     ids = [TOK.convert_tokens_to_ids(t) for t in ROLE_TOKENS.values()]
-    assert ids == [260, 261, 262]  # special tokens 0-3, bytes 4-259: byte ids unchanged
+    assert ids == [260, 261, 262]
+    assert tiny_vocab().items() >= vocab().items()  # special tokens and bytes keep real_size.py's ids
     text = TOK.apply_chat_template([{"role": "system", "content": "S"}, {"role": "tool", "content": "x"}], tokenize=False)
     assert text == "<|system|>S<|im_end|><|im_start|>tool\nx<|im_end|>"
 
@@ -32,3 +34,10 @@ def test_the_sft_cache_follows_the_tiny_build(monkeypatch, tmp_path):
     before = output_dir(cfg)
     monkeypatch.setattr(TinyModelSpec, "fingerprint", lambda self: "another-build")
     assert output_dir(cfg) != before  # an SFT checkpoint of the old tokenizer is never reused
+
+
+def test_the_build_fingerprint_follows_the_tokenizer(monkeypatch):
+    spec = TinyModelSpec()
+    before = spec.fingerprint()
+    monkeypatch.setattr(tiny, "CHAT_TEMPLATE", tiny.CHAT_TEMPLATE.replace("<|im_end|>", "<|endoftext|>"))
+    assert spec.fingerprint() != before  # a cached build of the other template is not reused
