@@ -58,9 +58,11 @@ class TinyModelSpec(BaseModel):
         return self.hidden_size // self.num_attention_heads
 
     def fingerprint(self) -> str:
-        """Of the shape and of the tokenizer (vocabulary and chat template), so a build of another
-        tokenizer is never taken for this one."""
-        payload = json.dumps([self.model_dump(), tiny_vocab(), CHAT_TEMPLATE], sort_keys=True)
+        """Of the shape and of what makes the tokenizer (its special and role tokens, the 256 bytes
+        after them, the chat template), so a build of another tokenizer is never taken for this one.
+        Without `tiny_vocab()` itself: that imports transformers, which every role resolving the
+        model would then pay for at start-up."""
+        payload = json.dumps([self.model_dump(), SPECIAL_TOKENS, ROLE_TOKENS, CHAT_TEMPLATE], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 

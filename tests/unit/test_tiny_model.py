@@ -1,8 +1,11 @@
 """The tiny model's tokenizer: one token per chat role, and SFT caches that follow its build."""
 
+import subprocess
+import sys
+
 from flashq.config import load_config
 from flashq.models import tiny
-from flashq.models.tiny import ROLE_TOKENS, TinyModelSpec, build_tokenizer, padded_vocab_size, tiny_vocab, vocab
+from flashq.models.tiny import ROLE_TOKENS, TinyModelSpec, build_tokenizer, ensure_tiny_model, padded_vocab_size, tiny_vocab, vocab
 from flashq.sft import output_dir
 
 TOK = build_tokenizer()
@@ -41,3 +44,17 @@ def test_the_build_fingerprint_follows_the_tokenizer(monkeypatch):
     before = spec.fingerprint()
     monkeypatch.setattr(tiny, "CHAT_TEMPLATE", tiny.CHAT_TEMPLATE.replace("<|im_end|>", "<|endoftext|>"))
     assert spec.fingerprint() != before  # a cached build of the other template is not reused
+
+
+def test_the_build_fingerprint_follows_the_role_tokens(monkeypatch):
+    before = TinyModelSpec().fingerprint()
+    monkeypatch.setattr(tiny, "ROLE_TOKENS", {**ROLE_TOKENS, "tool": "<|tool|>"})
+    assert TinyModelSpec().fingerprint() != before
+
+
+def test_finding_a_built_tiny_model_imports_no_transformers(tmp_path):
+    built = ensure_tiny_model(TinyModelSpec(), tmp_path)
+    code = ("import sys; from flashq.models.tiny import TinyModelSpec, ensure_tiny_model; "
+            f"print(ensure_tiny_model(TinyModelSpec(), {str(tmp_path)!r}), 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(built), "False"]  # every role resolves the model at start-up; the coordinator needs no transformers
