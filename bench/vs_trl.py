@@ -2,10 +2,11 @@
 
 Both systems start from the same SFT checkpoint (made once per job by `flashq sft`) and get the
 same prompts in the same order (task k of seed s, from flashq's own task source), the same reward
-function, 8 samples a prompt, 16 prompts a step, AdamW at a constant lr 1e-4 with gradient
-clipping 1.0, the job's max_tokens at T = 1 over the whole vocabulary, no KL, group-normalised
-advantages and a token-mean clipped objective. TRL generates with transformers on this CPU (its
-vLLM paths need vLLM <= 0.31) in one process on both cores; flashq runs its quickstart placement
+function, 8 samples a prompt, 16 prompts a step, AdamW at the quickstart's learning rate and weight
+decay, on the same parameters (FLASHQ_OPTIMIZER), with gradient clipping 1.0, the job's max_tokens
+at T = 1 over the whole vocabulary, no KL, group-normalised advantages and a token-mean clipped
+objective. TRL generates with transformers on this CPU (its vLLM paths need vLLM <= 0.31) in one
+process on both cores; flashq runs its quickstart placement
 (every role on either core, as the OS schedules; until 8432075 the engine was pinned to core 0
 and the other roles to core 1). Wall time is each system's whole RL
 command, start-up included (the SFT is shared and not counted).
@@ -77,11 +78,18 @@ def make_sft(job: str, work: Path) -> Path:
     return out
 
 
+# The optimizer both systems run: transformers' Trainer (so TRL) decays every weight but biases and
+# norm weights, and flashq's trainer.weight_decay_scope=matrices is that rule. With the quickstart's
+# own scope (all), the two ran different optimizers and job A's rewards moved apart by the decay's
+# reach (e80ebbb: 0.051; README, flashq and TRL).
+FLASHQ_OPTIMIZER = ["trainer.weight_decay_scope=matrices"]
+
+
 def flashq_command(job: str, mode: str, work: Path, run_dir: Path, sft: Path, steps: int, seed: int) -> list[str]:
     """The `flashq launch` command line of one run of `job` in `mode` from the shared SFT checkpoint."""
     return [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", f"model.name={sft}",
             "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}", f"trainer.seed={seed}",
-            *job_overrides(job, work), *JOBS[job]["modes"][mode]]
+            *FLASHQ_OPTIMIZER, *job_overrides(job, work), *JOBS[job]["modes"][mode]]
 
 
 def step_rows(run_dir: Path) -> list[dict]:
@@ -250,7 +258,8 @@ def job_figures(job: str, rows: list[dict], runs: dict) -> dict:
     mean = lambda system, key: statistics.mean(r[key] for r in rows if r["system"] == system)  # noqa: E731
     modes = list(JOBS[job]["modes"])
     figures = {f"job_{job}_seeds": len(runs[modes[0]]), f"job_{job}_steps": rows[0]["steps"], f"job_{job}_headline_mode": modes[0],
-               f"job_{job}_speed_bound": JOBS[job]["speed_bound"], f"job_{job}_final_reward_gap_bound": JOBS[job]["gap_bound"]}
+               f"job_{job}_speed_bound": JOBS[job]["speed_bound"], f"job_{job}_final_reward_gap_bound": JOBS[job]["gap_bound"],
+               f"job_{job}_flashq_overrides": FLASHQ_OPTIMIZER}
     for mode in modes:
         tag = SUFFIX[mode] if len(modes) > 1 else ""
         parts = [r["breakdown"] for r in runs[mode]]
@@ -352,8 +361,8 @@ def main() -> None:
     schedule = f"{tc.lr_schedule}" + (f" after {tc.lr_warmup_steps} warm-up steps" if tc.lr_warmup_steps else "")
     figures["settings"] = {
         "both": "configs/quickstart.yaml with each job's overrides (bench/vs_trl.py job_overrides): 16 prompts x 8 samples a step, "
-                f"lr {tc.lr:g} {schedule}, weight decay {tc.weight_decay:g} (flashq: {tc.weight_decay_scope} parameters; TRL: "
-                f"all but biases and norm weights), grad clip {tc.grad_clip:g}, T = 1, no KL, group-normalised advantages, token-mean clipped loss",
+                f"lr {tc.lr:g} {schedule}, weight decay {tc.weight_decay:g} on all but biases and norm weights (TRL: transformers' "
+                f"rule; flashq: job_*_flashq_overrides, where a job's figures ran with them), grad clip {tc.grad_clip:g}, T = 1, no KL, group-normalised advantages, token-mean clipped loss",
         "trl": "GRPOConfig(loss_type=dapo, scale_rewards=group, beta=0, top_k=0, use_cpu, the same lr schedule: "
                f"{trl_schedule(tc)}), "
                "2 torch threads, transformers generate",

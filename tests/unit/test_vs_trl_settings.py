@@ -1,0 +1,23 @@
+"""bench/vs_trl.py gives both systems one optimizer: flashq's overrides decay exactly the
+parameters transformers' Trainer (TRL's) decays, on the model both train."""
+
+import torch
+from transformers import AutoModelForCausalLM, Trainer
+
+from bench.vs_trl import FLASHQ_OPTIMIZER
+from flashq.config import load_config
+from flashq.trainer.learner import decay_groups
+
+
+def decayed_by_flashq(model, overrides: list[str]) -> set[int]:
+    tc = load_config(None, [*overrides, "trainer.weight_decay=1.0"]).trainer
+    groups = decay_groups(list(model.parameters()), tc.weight_decay, tc.weight_decay_scope)
+    return {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+
+
+def test_flashq_decays_what_transformers_trainer_decays(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    # transformers' rule reads only the model; it names the tied LM head apart from the embedding it shares
+    trl_decays = {id(model.get_parameter(n)) for n in Trainer.get_decay_parameter_names(None, model)}
+    assert decayed_by_flashq(model, FLASHQ_OPTIMIZER) == trl_decays
+    assert decayed_by_flashq(model, []) != trl_decays  # the quickstart's own scope (all) reaches further
