@@ -2,6 +2,7 @@
 
   flashq launch FILE [key=value ...] [--dry-run]   start every role of a run on this machine
   flashq sft FILE [key=value ...]                   supervised warm start; prints the checkpoint
+  flashq fetch MODEL|FILE [key=value ...]           fetch or convert a model once; prints its folder
   flashq role NAME --config FILE --connect ADDR     start one role (what a multi-host run uses)
   flashq sim FILE [key=value ...] --grid K=A,B      predict step time and throughput (flashq/sim/simulator.py)
 
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from flashq.config import ConfigError, load_config, role_kind
+from flashq.models.gguf import ModelSourceError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     sft = sub.add_parser("sft", help="supervised warm start on solved task examples; prints the checkpoint path")
     sft.add_argument("config", type=Path)
     sft.add_argument("overrides", nargs="*")
+
+    fetch = sub.add_parser("fetch", help="fetch, build or convert a model once (a hub id, a built-in name, a .gguf file); prints its folder")
+    fetch.add_argument("model", help="a model.name (hub id, smollm2-135m-instruct, file.gguf, tiny) or a YAML config naming one")
+    fetch.add_argument("overrides", nargs="*", help="with a config: key=value overrides")
 
     report = sub.add_parser("report", help="write report.png and summary.json for a run directory")
     report.add_argument("run_dir", type=Path)
@@ -80,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             return _sft(args)
         if args.command == "sim":
             return _sim(args)
+        if args.command == "fetch":
+            return _fetch(args)
         if args.command == "keys":
             from flashq.transport import make_keys
 
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{text}\nplot: {png}")
             return 0
         return _role(args)
-    except ConfigError as e:
+    except (ConfigError, ModelSourceError) as e:
         print(f"flashq: {e}", file=sys.stderr)
         return 2
 
@@ -124,6 +132,20 @@ def _sft(args) -> int:
     cfg = load_config(args.config, args.overrides)
     setup_logging(cfg.log.level, cfg.log.vllm_level)
     print(run_sft(cfg))
+    return 0
+
+
+def _fetch(args) -> int:
+    from flashq.config import ModelConfig
+    from flashq.models.sources import describe, model_path
+
+    is_config = args.model.endswith((".yaml", ".yml")) and Path(args.model).is_file()
+    if args.overrides and not is_config:
+        raise ConfigError("flashq fetch: key=value overrides go with a YAML config, not a model name")
+    model = load_config(Path(args.model), args.overrides).model if is_config else ModelConfig(name=args.model)
+    if about := describe(model):
+        print(about, file=sys.stderr)
+    print(model_path(model, fetch=True))
     return 0
 
 

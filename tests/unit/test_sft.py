@@ -51,3 +51,16 @@ def test_an_accuracy_check_leaves_the_model_in_the_mode_it_found(tiny_model):
         model.train(training)
         evaluate(model, tokenizer, source, None, load_reward_fn("flashq.rewards.builtin:exact_match"), 2, 2, "cpu", modes=("greedy",))
         assert model.training is training
+
+
+def test_sft_trains_a_model_named_by_a_hub_id_from_the_cache(tiny_model, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from tests.hub_cache import prefill
+
+    prefill(tmp_path / "hub", "acme/tiny-chat", tiny_model)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    summary, weights = sft("acme/tiny-chat", tmp_path, "from-hub", "sft.stop_at_greedy_accuracy=null")
+    base = load_file(tiny_model / "model.safetensors")
+    assert summary["steps"] == 7 and weights.keys() == base.keys()
+    assert not torch.equal(weights["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
