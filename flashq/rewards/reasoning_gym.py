@@ -22,3 +22,19 @@ def score(task: dict, response: str) -> float:
         return 0.0
     fn = reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])
     return float(fn(answer, entry))
+
+
+FORMAT_CREDIT = 0.1
+
+
+def score_with_format(task: dict, response: str) -> float:
+    """`score`, with `FORMAT_CREDIT` for an answer the checker rejects but given inside the tags
+    the prompt asks for. A model that never answers in them (SmolLM2-135M at the start) scores 0
+    on every sample of a group under `score` alone, leaving GRPO nothing to learn from; GRPO
+    normalises rewards within a group, so a small credit already makes a full-sized advantage.
+    Empty tags earn nothing: copying the prompt's "<answer></answer>" is not an answer (SmolLM2
+    learned to repeat it within 12 steps when it was paid). A response passes (greedy accuracy,
+    pass@k) only at 1."""
+    if not extract_answer(response):
+        return 0.0
+    return max(score(task, response), FORMAT_CREDIT)

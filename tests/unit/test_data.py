@@ -55,7 +55,7 @@ def test_bad_files_are_named(tmp_path):
 
 
 def test_reasoning_gym_tasks_are_seeded_and_score_with_their_own_checker():
-    from flashq.rewards.reasoning_gym import score
+    from flashq.rewards.reasoning_gym import FORMAT_CREDIT, score, score_with_format
 
     cfg = TaskConfig(kind="reasoning_gym", seed=5, reasoning_gym=ReasoningGymConfig(name="basic_arithmetic", size=50))
     src, again = make_task_source(cfg), make_task_source(cfg)
@@ -66,6 +66,11 @@ def test_reasoning_gym_tasks_are_seeded_and_score_with_their_own_checker():
     assert score(t, f"reasoning... <answer>{t['answer']}</answer>") == 1.0
     assert score(t, "<answer>definitely wrong</answer>") == 0.0
     assert score(t, t["answer"]) == 0.0  # no answer tags: nothing to score
+    # with a credit for the asked-for format: a wrong answer in tags earns it, a right one 1, none 0
+    assert score_with_format(t, f"<answer>{t['answer']}</answer>") == 1.0
+    assert score_with_format(t, "<answer>definitely wrong</answer>") == FORMAT_CREDIT > 0
+    assert score_with_format(t, t["answer"]) == 0.0
+    assert score_with_format(t, "inside <answer></answer> inside <answer> </answer>") == 0.0  # empty tags are no answer
 
 
 def test_chat_messages_with_and_without_system_prompt():
