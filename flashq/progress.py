@@ -1,4 +1,5 @@
-"""The launcher's live terminal view, drawn from the run's `metrics.jsonl` as it grows."""
+"""The launcher's live terminal view, drawn from the run's `metrics.jsonl` as it grows; tokens/s
+and idle shares averaged over the last steps (`flashq.step_window`), as the coordinator's log line."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from flashq.step_window import StepWindow
+
 
 class ProgressView:
     def __init__(self, metrics_path: Path, total_steps: int, title: str):
@@ -18,6 +21,7 @@ class ProgressView:
         self.offset = 0
         self.latest: dict = {}
         self.rewards: list[float] = []
+        self.window = StepWindow()
         self.bar = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -40,6 +44,7 @@ class ProgressView:
                 rec = json.loads(line)
                 if rec.get("kind") == "step":
                     self.latest = rec
+                    self.window.add(rec)
                     self.rewards.append(rec.get("reward/mean", 0.0))
                     self.bar.update(self.task, completed=rec["step"])
 
@@ -54,9 +59,10 @@ class ProgressView:
         table.add_row("reward", f"{r.get('reward/mean', 0):.3f} (first {self.rewards[0]:.3f}, best {max(self.rewards):.3f})")
         hist = [int(r[k]) for k in sorted(r, key=_hist_order) if k.startswith("hist/staleness/")]
         table.add_row("staleness", _histogram(hist))
-        table.add_row("tokens/s", f"{r.get('rollout/tokens_per_s', 0):,.0f}")
-        idle = "  ".join(f"{k}: {100 * r[f'{k}/idle_share']:.0f}%" for k in ("rollout", "reward", "trainer") if f"{k}/idle_share" in r)
-        table.add_row("idle", idle)
+        w = self.window
+        table.add_row("tokens/s", f"{w.mean('rollout/tokens_per_s'):,.0f} ({w.label()})")
+        idle = "  ".join(f"{k}: {100 * w.mean(f'{k}/idle_share'):.0f}%" for k in ("rollout", "reward", "trainer") if f"{k}/idle_share" in r)
+        table.add_row("idle", f"{idle} ({w.label()})")
         table.add_row(
             "queues",
             f"generate {r.get('queue/generate_in_flight', 0):.0f} running / {r.get('queue/generate_waiting', 0):.0f} waiting, "

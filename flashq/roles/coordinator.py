@@ -47,7 +47,7 @@ from flashq.protocol import (
     WorkerStats,
 )
 from flashq.roles.common import resolve_model
-from flashq.roles.coordinator_metrics import StepMetrics
+from flashq.roles.coordinator_metrics import StepMetrics, progress_window
 from flashq.transport import Hub, PeerLost
 
 log = logging.getLogger("flashq.coordinator")
@@ -91,6 +91,7 @@ class Coordinator(StepMetrics):
         self.prev_spec: dict[str, tuple[float, float, float]] = {}  # rollout worker -> its last speculation counters
         self.started = time.monotonic()
         self.last_step_at = self.started
+        self.window = progress_window(cfg)  # the steps the progress line's rates are averaged over
         self.tolerant = cfg.fault.restart_workers  # a lost worker is survivable, not fatal
         self.alive: set[str] = set()  # started and not lost
         self.engine_ranks: dict[str, int] = {}

@@ -1,6 +1,7 @@
 """The coordinator's per-step record: what it adds to the trainer's step metrics (queue depths,
 tokens/s, each worker's idle share, the reward of everything scored, episode and speculation
-counters) and the progress line it logs.
+counters) and the progress line it logs (tokens/s and idle shares in it averaged over recent
+steps: `flashq.step_window`).
 
 A part of `Coordinator` (flashq.roles.coordinator); the counters it compares against are the
 coordinator's, set at startup and on resume.
@@ -11,9 +12,21 @@ from __future__ import annotations
 import logging
 import time
 
+from flashq.config import FlashqConfig
 from flashq.protocol import StepStats
+from flashq.step_window import WINDOW_STEPS, StepWindow
 
 log = logging.getLogger("flashq.coordinator")
+
+
+def progress_every(cfg: FlashqConfig) -> int:
+    """Steps between progress lines."""
+    return cfg.log.progress_every or max(1, cfg.trainer.steps // 40)
+
+
+def progress_window(cfg: FlashqConfig) -> StepWindow:
+    """What a progress line averages over: the steps since the line before, at least WINDOW_STEPS."""
+    return StepWindow(max(WINDOW_STEPS, progress_every(cfg)))
 
 
 class StepMetrics:
@@ -56,15 +69,10 @@ class StepMetrics:
                 if "env_s" in worker:
                     rec[f"rollout/env_s_total/{peer}"] = worker["env_s"]
         self.metrics.write(stats.step, rec)
-        every = self.cfg.log.progress_every or max(1, self.cfg.trainer.steps // 40)
-        if stats.step % every and stats.step not in (1, self.cfg.trainer.steps):
+        self.window.add(rec)
+        if stats.step % progress_every(self.cfg) and stats.step not in (1, self.cfg.trainer.steps):
             return
-        log.info(
-            "step %d/%d  reward %.3f  staleness %s  %.0f tok/s  rollout idle %.0f%%",
-            stats.step, self.cfg.trainer.steps, rec.get("reward/mean", 0.0),
-            [int(rec[k]) for k in sorted(rec) if k.startswith("hist/staleness/")],
-            rec.get("rollout/tokens_per_s", 0.0), 100 * rec.get("rollout/idle_share", 0.0),
-        )
+        log.info(progress_line(stats.step, self.cfg.trainer.steps, rec, self.window))
 
     def _rates(self, step_s: float) -> dict[str, float]:
         """Per-step tokens/s and idle shares, from the dispatcher's own view of each worker
@@ -116,3 +124,12 @@ class StepMetrics:
         if not drafts:
             return {}
         return {"spec/acceptance_length": 1 + accepted / drafts, "spec/draft_acceptance_rate": accepted / max(draft_tokens, 1.0)}
+
+
+def progress_line(step: int, steps: int, rec: dict[str, float], window: StepWindow) -> str:
+    """The step's reward and staleness, and tokens/s and rollout idle over the window (one
+    step's swing with what happened to finish inside it)."""
+    staleness = [int(rec[k]) for k in sorted(rec) if k.startswith("hist/staleness/")]
+    return (f"step {step}/{steps}  reward {rec.get('reward/mean', 0.0):.3f}  staleness {staleness}  "
+            f"{window.label()}: {window.mean('rollout/tokens_per_s'):,.0f} tok/s, "
+            f"rollout idle {100 * window.mean('rollout/idle_share'):.0f}%")
