@@ -9,6 +9,7 @@ This module must stay importable without torch or vLLM (the launcher and `--dry-
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 from pathlib import Path
@@ -41,6 +42,9 @@ from flashq.config.sections import (  # noqa: F401 - the sections are part of th
     FaultConfig,
 )
 from flashq.config.training import LoRAConfig, LossConfig, TrainerConfig  # noqa: F401 - as above
+from flashq.config.fields import all_keys, section_at
+
+REFERENCE = "docs/reference/configuration.md"  # every key, generated from these models (`flashq reference`)
 
 
 SFT_STOP_NEEDS_ANSWERS = ("sft.stop_at_greedy_accuracy checks answers to task prompts: an env's demonstrations have none "
@@ -48,8 +52,8 @@ SFT_STOP_NEEDS_ANSWERS = ("sft.stop_at_greedy_accuracy checks answers to task pr
 
 
 class FlashqConfig(Section):
-    name: str = "quickstart"
-    seed: int = 0
+    name: str = Field("quickstart", description="The run's name: its directory is <log.root>/<name>-<timestamp>.")
+    seed: int = Field(0, description="Seeds the vLLM engines (plus each worker's index), seeded requests (sampling.seed_requests) and evaluation.")
     async_ratio: float = Field(
         2.0,
         ge=0,
@@ -206,13 +210,31 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return parsed
 
 
+def did_you_mean(path: list[str]) -> list[str]:
+    """The keys an unknown one was probably meant to be: a close spelling in its own section
+    (trainer.lrr: trainer.lr), else a key of that name (or close) in another (lr: trainer.lr, sft.lr)."""
+    name, section = path[-1], section_at(FlashqConfig, path[:-1])
+    near = difflib.get_close_matches(name, list(section.model_fields), n=1, cutoff=0.6) if section is not None else []
+    if near:
+        return [".".join([*path[:-1], n]) for n in near]
+    keys = all_keys(FlashqConfig)
+    leaves = difflib.get_close_matches(name, {k.rsplit(".", 1)[-1] for k in keys}, n=1, cutoff=0.8)
+    return [k for leaf in leaves for k in keys if k.rsplit(".", 1)[-1] == leaf][:4]
+
+
+def _unknown_key(path: list[str]) -> str:
+    near = did_you_mean(path)
+    hint = f"did you mean {' or '.join(near)}? " if near else "check the spelling; "
+    return f"unknown field ({hint}every key is in {REFERENCE})"
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see configs/ for valid keys)"
+            msg = _unknown_key([str(p) for p in e["loc"]])
         lines.append(f"  {where}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden" and "input" in e and not isinstance(e["input"], dict) else ""))
     return "\n".join(lines)
 

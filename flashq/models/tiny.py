@@ -47,12 +47,12 @@ class TinyModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     hidden_size: int = Field(128, ge=32, description="Width; head_dim = hidden_size / heads.")
-    intermediate_size: int = Field(256, ge=32)
-    num_hidden_layers: int = Field(2, ge=1)
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(2, ge=1)
-    max_position_embeddings: int = Field(2048, ge=64)
-    seed: int = 0
+    intermediate_size: int = Field(256, ge=32, description="Width of each MLP.")
+    num_hidden_layers: int = Field(2, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(4, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(2, ge=1, description="Key and value heads (grouped-query attention below num_attention_heads).")
+    max_position_embeddings: int = Field(2048, ge=64, description="Longest sequence the model takes.")
+    seed: int = Field(0, description="Seeds the random initial weights.")
 
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads

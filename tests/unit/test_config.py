@@ -38,6 +38,22 @@ def test_bad_values_name_the_field(override, expected):
     assert expected in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("trainer.lrr=1", "trainer.lrr: unknown field (did you mean trainer.lr? every key is in docs/reference/configuration.md)"),
+        ("trainer.loss.polcy=ppo", "trainer.loss.polcy: unknown field (did you mean trainer.loss.policy?"),
+        ("eval.task.kindd=file", "eval.task.kindd: unknown field (did you mean eval.task.kind?"),  # through an optional section
+        ("lr=1", "lr: unknown field (did you mean trainer.lr or sft.lr?"),  # the right name in the wrong section
+        ("zzz=1", "zzz: unknown field (check the spelling; every key is in docs/reference/configuration.md)"),
+    ],
+)
+def test_an_unknown_key_names_the_key_meant(override, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert expected in str(err.value)
+
+
 def test_the_behaviour_correction_follows_the_policy_unless_set():
     assert load_config(None).trainer.loss.correction == "tis_token"
     assert load_config(None, ["trainer.loss.policy=cispo"]).trainer.loss.correction == "none"
