@@ -5,6 +5,8 @@
   flashq fetch MODEL|FILE [key=value ...]           fetch or convert a model once; prints its folder
   flashq role NAME --config FILE --connect ADDR     start one role (what a multi-host run uses)
   flashq sim FILE [key=value ...] --grid K=A,B      predict step time and throughput (flashq/sim/simulator.py)
+  flashq reference [--check]                        write docs/reference/ (every config key, every command) from the code
+  flashq --version
 
 Heavy modules (torch, vLLM) are imported only by the role that needs them, after parsing.
 """
@@ -12,6 +14,7 @@ Heavy modules (torch, vLLM) are imported only by the role that needs them, after
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from pathlib import Path
 
@@ -19,13 +22,25 @@ from flashq.config import ConfigError, load_config, role_kind
 from flashq.models.gguf import ModelSourceError
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flashq", description="Fast asynchronous RL post-training on vLLM.")
+def version() -> str:
+    """The installed distribution's version (a source tree run without installing has none)."""
+    try:
+        return importlib.metadata.version("flashq")
+    except importlib.metadata.PackageNotFoundError:
+        import flashq
+
+        return getattr(flashq, "__version__", "unknown (not installed)")
+
+
+def _parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`parser_class`: the subcommands' too (a test's raises where argparse would exit)."""
+    p = parser_class(prog="flashq", description="Fast asynchronous RL post-training on vLLM.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     launch = sub.add_parser("launch", help="start all roles of a run (on this machine, or on a Ray cluster)")
     launch.add_argument("config", type=Path, help="YAML config (see configs/)")
-    launch.add_argument("overrides", nargs="*", help="key=value overrides, e.g. async_ratio=2 trainer.steps=50")
+    launch.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. async_ratio=2 trainer.steps=50")
     launch.add_argument("--dry-run", action="store_true", help="print each role's resolved config and command, start nothing")
     launch.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live progress panel")
     launch.add_argument(
@@ -43,42 +58,52 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sft = sub.add_parser("sft", help="supervised warm start on solved task examples; prints the checkpoint path")
-    sft.add_argument("config", type=Path)
-    sft.add_argument("overrides", nargs="*")
+    sft.add_argument("config", type=Path, help="YAML config (its sft section, model and task)")
+    sft.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. sft.steps=100")
 
     fetch = sub.add_parser("fetch", help="fetch, build or convert a model once (a hub id, a built-in name, a .gguf file); prints its folder")
     fetch.add_argument("model", help="a model.name (hub id, smollm2-135m-instruct, file.gguf, tiny) or a YAML config naming one")
-    fetch.add_argument("overrides", nargs="*", help="with a config: key=value overrides")
+    fetch.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="with a config: config overrides")
 
     report = sub.add_parser("report", help="write report.png and summary.json for a run directory")
-    report.add_argument("run_dir", type=Path)
+    report.add_argument("run_dir", type=Path, help="a run's directory (runs/NAME-TIMESTAMP)")
 
     sim = sub.add_parser("sim", help="simulate a run: predicted step time and throughput over a grid of settings")
-    sim.add_argument("config", type=Path)
-    sim.add_argument("overrides", nargs="*")
+    sim.add_argument("config", type=Path, help="YAML config of the run to simulate")
+    sim.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied before the grid")
     sim.add_argument("--grid", nargs="+", default=[], metavar="KEY=V1,V2", help="e.g. async_ratio=0,1,2 rollout.num_workers=2,4")
-    sim.add_argument("--calibration", type=Path, help="constants fitted by --fit (default: built-in ones for a 2-core CPU)")
+    sim.add_argument("--calibration", type=Path, metavar="FILE", help="constants fitted by --fit (default: built-in ones for a 2-core CPU)")
     sim.add_argument("--fit", type=Path, nargs="+", metavar="RUN_DIR", help="fit the constants from real runs into --calibration")
 
     keys = sub.add_parser("keys", help="make CurveZMQ keys for transport.curve_keys (copy the directory to every host)")
-    keys.add_argument("directory", type=Path)
+    keys.add_argument("directory", type=Path, help="a new (or empty) directory to make the keys in")
 
     role = sub.add_parser("role", help="start one role of a run")
     role.add_argument("name", help="coordinator | trainer | rollout-N | reward-N")
-    role.add_argument("--config", type=Path, required=True)
-    role.add_argument("--connect", required=True, help="the coordinator's address, e.g. tcp://10.0.0.1:5555 (the coordinator binds it)")
-    role.add_argument("overrides", nargs="*")
+    role.add_argument("--config", type=Path, required=True, metavar="FILE", help="the run's resolved config (<run_dir>/config.yaml)")
+    role.add_argument("--connect", required=True, metavar="ADDR", help="the coordinator's address, e.g. tcp://10.0.0.1:5555 (the coordinator binds it)")
+    role.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+
+    ref = sub.add_parser("reference", help="write the configuration and command-line reference pages from the code")
+    ref.add_argument("--out", type=Path, default=Path("docs/reference"), metavar="DIR", help="where configuration.md and cli.md go")
+    ref.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each page that is not what the code generates")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The command line, with key=value overrides allowed after the options too."""
+    parser = parser or _parser()
     args, extra = parser.parse_known_args(argv)
     unknown = [x for x in extra if x.startswith("-") or "=" not in x]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if hasattr(args, "overrides"):
-        args.overrides = list(args.overrides) + extra  # key=value may follow the options too
+        args.overrides = list(args.overrides) + extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         if args.command == "launch":
             return _launch(args)
@@ -88,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             return _sim(args)
         if args.command == "fetch":
             return _fetch(args)
+        if args.command == "reference":
+            return _reference(args)
         if args.command == "keys":
             from flashq.transport import make_keys
 
@@ -146,6 +173,19 @@ def _fetch(args) -> int:
     if about := describe(model):
         print(about, file=sys.stderr)
     print(model_path(model, fetch=True))
+    return 0
+
+
+def _reference(args) -> int:
+    from flashq.reference import REFRESH, stale_pages, write_pages
+
+    if args.check:
+        stale = stale_pages(args.out, _parser())
+        for path in stale:
+            print(f"flashq: {path} is not what the code generates; run `{REFRESH}`", file=sys.stderr)
+        return 1 if stale else 0
+    for path in write_pages(args.out, _parser()):
+        print(f"wrote {path}")
     return 0
 
 
