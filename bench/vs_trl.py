@@ -81,7 +81,7 @@ def make_sft(job: str, work: Path) -> Path:
 # The optimizer both systems run: transformers' Trainer (so TRL) decays every weight but biases and
 # norm weights, and flashq's trainer.weight_decay_scope=matrices is that rule. With the quickstart's
 # own scope (all), the two ran different optimizers and job A's rewards moved apart by the decay's
-# reach (e80ebbb: 0.051; README, flashq and TRL).
+# reach (e80ebbb: 0.051; docs/benchmarks/vs_trl.md).
 FLASHQ_OPTIMIZER = ["trainer.weight_decay_scope=matrices"]
 
 
