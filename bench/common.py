@@ -73,6 +73,18 @@ def git_commit() -> str | None:
         return None
 
 
+def run_timed(cmd: list[str], what: str, logs: Path) -> float:
+    """Run a whole user command from the repository root, as a user does; its wall seconds. A
+    failure stops the benchmark, pointing at the run's logs."""
+    print("running:", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=dict(os.environ, COLUMNS="120"))
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {proc.returncode}); its logs are in {logs}")
+    return wall
+
+
 def write_result(name: str, results: list[dict] | dict, figures: dict, notes: str = "") -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

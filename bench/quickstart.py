@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import keep_earlier, print_table, run_timed, write_result  # noqa: E402
 
 
 def seed_overrides(seed: int) -> list[str]:
@@ -43,12 +40,7 @@ def seed_overrides(seed: int) -> list[str]:
 def run_quickstart(run_dir: Path, sft_dir: Path, overrides) -> tuple[float, dict]:
     """`bash launch/quickstart.sh` with `overrides`, as a user runs it: (wall seconds, summary.json)."""
     cmd = ["bash", "launch/quickstart.sh", "--no-progress", f"log.run_dir={run_dir}", f"sft.output_dir={sft_dir}", *overrides]
-    print("running:", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, COLUMNS="120"))
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"the quickstart failed (exit {proc.returncode}); its logs are in {run_dir}/logs")
+    wall = run_timed(cmd, "the quickstart", run_dir / "logs")
     return wall, json.loads((run_dir / "summary.json").read_text())
 
 

@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import keep_earlier, print_table, run_timed, write_result  # noqa: E402
 from bench.quickstart import seed_overrides  # noqa: E402
 
 
@@ -37,12 +34,7 @@ def run_once(work: Path, overrides: list[str]) -> tuple[float, dict]:
     """`bash launch/real_model.sh` with an empty model cache: (wall seconds, summary.json)."""
     run_dir = work / "run"
     cmd = ["bash", "launch/real_model.sh", "--no-progress", f"log.run_dir={run_dir}", f"model.cache_dir={work / 'cache'}", *overrides]
-    print("running:", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, COLUMNS="120"))
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"the real-model run failed (exit {proc.returncode}); its logs are in {run_dir}/logs")
+    wall = run_timed(cmd, "the real-model run", run_dir / "logs")
     return wall, json.loads((run_dir / "summary.json").read_text())
 
 
