@@ -55,14 +55,19 @@ def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(".gguf")
 
 
+def is_checkpoint(folder: Path) -> bool:
+    """What every role needs of a folder: a config and safetensors weights."""
+    return (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
+
+
 def checked_folder(folder: Path, name: str) -> Path:
+    if is_checkpoint(folder):
+        return folder
     if not (folder / "config.json").exists():
         ggufs = sorted(folder.glob("*.gguf"))
         hint = f"; for its GGUF file give model.name={ggufs[0]}" if ggufs else ""
         raise ModelSourceError(f"model.name {name!r}: {folder} holds no config.json, so it is not a Hugging Face checkpoint{hint}")
-    if not any(folder.glob("*.safetensors")):
-        raise ModelSourceError(f"model.name {name!r}: {folder} holds no *.safetensors weights (flashq reads safetensors only)")
-    return folder
+    raise ModelSourceError(f"model.name {name!r}: {folder} holds no *.safetensors weights (flashq reads safetensors only)")
 
 
 def hub_snapshot(repo_id: str, revision: str | None, fetch: bool) -> Path:
@@ -75,7 +80,7 @@ def hub_snapshot(repo_id: str, revision: str | None, fetch: bool) -> Path:
             folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, local_files_only=True))
         except Exception:  # noqa: BLE001 - not in the cache (or a partial entry): the same answer
             return None
-        return folder if (folder / "config.json").exists() and any(folder.glob("*.safetensors")) else None
+        return folder if is_checkpoint(folder) else None
 
     if (folder := cached()) is not None:
         return folder
