@@ -64,6 +64,11 @@ class ReasoningGymConfig(Section):
     name: str = Field("basic_arithmetic", description="The reasoning-gym dataset's name.")
     size: int = Field(10000, ge=1, description="Distinct items before the source repeats (with a new order).")
     config: dict[str, Any] = Field(default_factory=dict, description="The dataset's own options, e.g. max_terms.")
+    instruction: str = Field(
+        "Give only the final answer inside <answer></answer> tags.",
+        min_length=1,
+        description="Appended to each question on its own line: the answer format the reward reads.",
+    )
 
 
 class TaskConfig(Section):

@@ -10,9 +10,6 @@ import json
 
 from flashq.config import ReasoningGymConfig
 
-INSTRUCTION = "Give only the final answer inside <answer></answer> tags."
-
-
 class ReasoningGymTasks:
     def __init__(self, cfg: ReasoningGymConfig, seed: int):
         import reasoning_gym
@@ -29,7 +26,7 @@ class ReasoningGymTasks:
         entry = json.loads(json.dumps(self._dataset[pos], default=str))
         return {
             "id": f"{self.cfg.name}-{self.seed}-{index}",
-            "prompt": f"{entry['question']}\n{INSTRUCTION}",
+            "prompt": f"{entry['question']}\n{self.cfg.instruction}",
             "answer": "" if entry.get("answer") is None else str(entry["answer"]),
             "rg_entry": entry,
         }

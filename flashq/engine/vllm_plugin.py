@@ -21,6 +21,31 @@ class _BenignReloadWarnings(logging.Filter):
         return record.getMessage() not in self.BENIGN
 
 
+class _NarrowingToServingDtype(logging.Filter):
+    """vLLM warns once per tensor (270 lines for SmolLM2-135M) when a float32 checkpoint is loaded
+    into the half-precision parameters that `model.dtype` asks for: flashq's converted GGUF models
+    are float32 on disk, so the trainer keeps every dequantized value. Say it once; other dtype
+    mismatches still warn per tensor."""
+
+    NOTICE = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.NOTICE or len(record.args) != 3:
+            return True
+        _, stored, served = (str(a) for a in record.args)
+        if stored != "torch.float32" or served not in ("torch.bfloat16", "torch.float16"):
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.msg, record.args = "Loading %s weights into %s parameters (model.dtype); one notice for all tensors", (stored, served)
+        return True
+
+
 def register() -> None:
     import os
 
@@ -38,6 +63,7 @@ def register() -> None:
     if os.environ.get("FLASHQ_SPECULATION") == "grouped":
         use_grouped_proposer()
     logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_BenignReloadWarnings())
+    logging.getLogger("vllm.model_executor.models.utils").addFilter(_NarrowingToServingDtype())
     logging.getLogger("vllm.triton_utils.dispatcher").addFilter(_BenignReloadWarnings())
 
 

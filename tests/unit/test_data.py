@@ -70,6 +70,11 @@ def test_reasoning_gym_tasks_are_seeded_and_score_with_their_own_checker():
     assert score_with_format(t, f"<answer>{t['answer']}</answer>") == 1.0
     assert score_with_format(t, "<answer>definitely wrong</answer>") == FORMAT_CREDIT > 0
     assert score_with_format(t, t["answer"]) == 0.0
+    # the instruction is the config's, on its own line after the question
+    shown = ReasoningGymConfig(name="basic_arithmetic", size=50, instruction="Answer like <answer>42</answer>.")
+    other = make_task_source(TaskConfig(kind="reasoning_gym", seed=5, reasoning_gym=shown)).task(0)
+    assert other["prompt"] == t["prompt"].rsplit("\n", 1)[0] + "\nAnswer like <answer>42</answer>."
+    assert other["answer"] == t["answer"]
     assert score_with_format(t, "inside <answer></answer> inside <answer> </answer>") == 0.0  # empty tags are no answer
 
 
