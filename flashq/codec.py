@@ -97,6 +97,10 @@ class Decoder:
             raise RejectedFrame(f"malformed msgpack: {e}") from None
         except (UnicodeDecodeError, ValueError, TypeError, OverflowError) as e:  # msgspec lets some through
             raise RejectedFrame(f"malformed message: {type(e).__name__}: {e}") from None
+        except RecursionError:  # msgspec recurses once per level of nesting; ~1,000 levels fit in 10 KB
+            raise RejectedFrame("nested too deep to decode") from None
+        except MemoryError:
+            raise RejectedFrame(f"no memory to decode a message of {total} bytes") from None
         finally:
             self._frames = []
         if env.schema != SCHEMA_VERSION:

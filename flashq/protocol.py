@@ -34,6 +34,21 @@ def _require(cond: bool, what: str) -> None:
         raise ValueError(what)
 
 
+MAX_NESTING = 32  # lists and maps inside a free-form field (a task, a payload); real ones use 3-4
+
+
+def _require_shallow(value: Any, field: str) -> None:
+    """Refuse free-form data nested past `MAX_NESTING`: anything that later walks it (a JSONL
+    writer, the encoder sending it on) recurses once per level. Iterative, so a hostile depth
+    cannot make the check itself recurse."""
+    stack = [(value, 0)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, (list, tuple, dict)):
+            _require(depth < MAX_NESTING, f"{field} is nested more than {MAX_NESTING} levels deep")
+            stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+
+
 # ---------------------------------------------------------------- control
 
 
@@ -118,6 +133,7 @@ class EpisodeRequest(Msg, tag="episode"):
     def validate(self) -> None:
         _require(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
         _require(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
+        _require_shallow(self.task, "task")
 
 
 class Cancel(Msg, tag="cancel"):
@@ -219,6 +235,7 @@ class ScoreRequest(Msg, tag="score"):
 
     def validate(self) -> None:
         self.sample.validate()
+        _require_shallow(self.task, "task")
 
 
 class RewardResult(Msg, tag="reward"):
@@ -325,6 +342,7 @@ class WeightSyncCall(Msg, tag="wsync_call"):
 
     def validate(self) -> None:
         _require(self.method in WEIGHT_SYNC_METHODS, f"unknown weight sync method {self.method!r}")
+        _require_shallow(self.payload, "payload")
 
 
 class Regroup(Msg, tag="regroup"):

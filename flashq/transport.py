@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -91,14 +92,26 @@ class _Codec:
                 out.append(self.decoder.decode(part))
             except RejectedFrame as e:
                 self.reject(peer, e)
+            except Exception as e:  # a decoder bug must not end the receive loop: count it like a bad frame
+                self.reject(peer, RejectedFrame(f"decoder error: {type(e).__name__}: {e}"))
         return out
 
     def reject(self, peer: str, err: RejectedFrame) -> None:
-        key = err.reason.split(":")[0][:80]
-        self.rejected[key] += 1
+        self.rejected[_reason_key(err.reason, self.rejected)] += 1
         count = sum(self.rejected.values())
         if count <= 20 or count % 1000 == 0:
             log.warning("rejected frame from %s (%d so far): %s", peer or "?", count, err.reason)
+
+
+MAX_REJECT_KEYS = 64
+
+
+def _reason_key(reason: str, counted: Counter[str]) -> str:
+    """What a rejection is counted under: its reason up to the first colon with numbers blanked,
+    so "schema version 7" and "schema version 8" share a key, and at most `MAX_REJECT_KEYS`
+    keys, so a peer inventing reasons cannot grow the map."""
+    key = re.sub(r"\d+", "N", reason.split(":")[0][:80])
+    return key if key in counted or len(counted) < MAX_REJECT_KEYS - 1 else "other"
 
 
 def _peer_name(raw: bytes) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from flashq import checkpoint
-from flashq.config import FlashqConfig
+from flashq.config import ROLE_SECTIONS, FlashqConfig
 from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.data.chat_encoder import ChatEncoder
 from flashq.metrics import MetricsLog
@@ -52,13 +52,16 @@ from flashq.transport import Hub, PeerLost
 
 log = logging.getLogger("flashq.coordinator")
 REASON_DETAIL = re.compile(r"[\w./-]*\d[\w./-]*")  # an id or a number in a reason
+MAX_REJECTION_KINDS = 256
 MAX_MESSAGES_PER_PUMP = 4096  # handled before the pump runs, so a flood cannot hold back sends
 
 
 def rejection_kind(peer: str, msg: Message, error: Exception) -> str:
     """What the books count a refused message under: its type, the sender's kind of role and the
     reason with ids and numbers left out, so a million wrong messages make a handful of keys."""
-    return f"{type(msg).__name__} from {peer.split('-')[0]}: {REASON_DETAIL.sub('#', str(error).strip(chr(39)))}"[:120]
+    kind = peer.split("-")[0]
+    sender = kind if kind in ROLE_SECTIONS else "an unknown peer"  # identities are the peer's choice
+    return f"{type(msg).__name__} from {sender}: {REASON_DETAIL.sub('#', str(error).strip(chr(39)))}"[:120]
 
 
 class RoleFailed(RuntimeError):
@@ -219,6 +222,8 @@ class Coordinator(StepMetrics):
     def _reject(self, peer: str, msg: Message, error: Exception) -> None:
         """Count a refused message by its kind of reason, and log the first of each kind."""
         reason = rejection_kind(peer, msg, error)
+        if reason not in self.orch.ledger.rejected and len(self.orch.ledger.rejected) >= MAX_REJECTION_KINDS:
+            reason = "other"  # a peer inventing reasons (a free-form method name, say) cannot grow the books
         self.orch.ledger.rejected[reason] += 1
         count = self.orch.ledger.rejected[reason]
         if count <= 3 or count % 1000 == 0:
