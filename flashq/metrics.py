@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flashq.jsonl import cut_torn_tail, read_records
+
 log = logging.getLogger(__name__)
 
 
@@ -22,6 +24,7 @@ class MetricsLog:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.trackers = trackers or []
         self.path = run_dir / "metrics.jsonl"
+        cut_torn_tail(self.path)  # a coordinator killed mid-write: append after the last whole record
         self._file = self.path.open("a", buffering=1)
         self._tb = None
         if tensorboard:
@@ -79,13 +82,8 @@ def _event(step: int, wall_time: float, record: dict[str, Any], prefix: str):
 
 
 def read_metrics(path: Path, kind: str | None = "step") -> list[dict[str, Any]]:
-    out = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            if kind is None or rec.get("kind") == kind:
-                out.append(rec)
-    return out
+    """The records of one kind (None: all); a torn last line (a run killed mid-write) is skipped."""
+    return [rec for rec in read_records(path) if kind is None or rec.get("kind") == kind]
 
 
 class BusyClock:

@@ -4,9 +4,10 @@ sampled (sampled-<worker>.jsonl, one line per completion) against what the train
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
+
+from flashq.jsonl import read_records
 
 
 def audit_tokens(run_dir: Path) -> dict[str, int]:
@@ -14,13 +15,12 @@ def audit_tokens(run_dir: Path) -> dict[str, int]:
     whose id differs, plus any difference in count (`retokenized_tokens`), over every token."""
     sampled: dict[str, list[tuple[tuple[int, ...], list[int]]]] = defaultdict(list)
     for path in Path(run_dir).glob("sampled-*.jsonl"):
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
+        for rec in read_records(path):
             episode, call = rec["request_id"].split("@")
             sampled[episode].append((tuple(int(x) for x in call.split(".")), rec["ids"]))
     checked = differing = episodes = 0
-    for line in (Path(run_dir) / "trained.jsonl").read_text().splitlines():
-        for rid, _vmin, _vmax, _n, trained in json.loads(line)["requests"]:
+    for rec in read_records(Path(run_dir) / "trained.jsonl"):
+        for rid, _vmin, _vmax, _n, trained in rec["requests"]:
             engine = [t for _, ids in sorted(sampled.get(rid, [])) for t in ids]
             episodes += 1
             checked += max(len(engine), len(trained))

@@ -25,6 +25,7 @@ from flashq.agents.trajectory import Trajectory
 from flashq.config import FlashqConfig
 from flashq.envs.base import load_env_class
 from flashq.episode import ChatRenderer
+from flashq.jsonl import cut_torn_tail
 from flashq.protocol import EpisodeRequest, Sample
 
 
@@ -51,7 +52,9 @@ class AgentPlayer:
             logging.getLogger(type(self.tool_parser).__module__).setLevel(logging.CRITICAL)
         self.audit = None
         if cfg.log.token_audit and cfg.log.run_dir is not None:
-            self.audit = (Path(cfg.log.run_dir) / f"sampled-{engine.worker_index}.jsonl").open("a", buffering=1)
+            path = Path(cfg.log.run_dir) / f"sampled-{engine.worker_index}.jsonl"
+            cut_torn_tail(path)  # a worker killed mid-write: append after the last whole record
+            self.audit = path.open("a", buffering=1)
         self.score = None
         if cfg.reward.function:
             from flashq.rewards import load_reward_fn

@@ -27,6 +27,7 @@ from flashq import checkpoint
 from flashq.config import ROLE_SECTIONS, FlashqConfig
 from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.data.chat_encoder import ChatEncoder
+from flashq.jsonl import keep_records
 from flashq.metrics import MetricsLog
 from flashq.trackers import make_trackers
 from flashq.orchestrator.core import Orchestrator
@@ -486,6 +487,4 @@ def truncate_metrics(path: Path, version: int) -> None:
         step = rec.get("step", 0)
         return step < version if rec.get("kind") == "eval" else step <= version
 
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line.strip() and kept(json.loads(line))]
-        path.write_text("".join(line + "\n" for line in lines))
+    keep_records(path, kept)

@@ -31,6 +31,7 @@ import numpy as np
 
 from flashq.checkpoint import step_dir
 from flashq.config import FlashqConfig
+from flashq.jsonl import keep_records
 from flashq.protocol import BatchRequest, Heartbeat, Regroup, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
 from flashq.trainer.parallel import broadcast_command, leave
@@ -313,9 +314,7 @@ def engine_dtype(cfg: FlashqConfig):
 def open_trained_record(path: Path, version: int):
     """Append to the record of trained samples, first dropping what was trained after the
     checkpoint being resumed (those updates were lost with the trainer that made them)."""
-    if path.exists():
-        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["trainer_version"] < version]
-        path.write_text("".join(line + "\n" for line in kept))
+    keep_records(path, lambda rec: rec["trainer_version"] < version)
     return path.open("a", buffering=1)
 
 
