@@ -11,10 +11,19 @@ the directory. A directory without its final name is incomplete and ignored.
 
 On resume, requests that were in flight are generated again and samples not yet scored are
 scored again; everything already generated is reused as it was.
+
+Durability: before the rename every file is fsynced and the checkpoint is read back (`problem`:
+the state decodes, every weights file is as long as its header says, the trainer's files are
+there and not empty); the directory is fsynced after it. Older checkpoints are deleted only then,
+and `latest` skips a checkpoint that does not pass, falling back to the newest one that does.
+A full disk stops the run (`DiskFull`, naming the path) instead of resuming into the same wall.
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,6 +31,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from flashq.jsonl import fsync_dir
 from flashq.protocol import RewardResult, Sample
 
 STATE_SCHEMA = 1
@@ -77,11 +87,75 @@ def step_dir(run_dir: Path, version: int, tmp: bool = False) -> Path:
 
 
 def latest(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint that reads back whole (see `problem`), or None."""
     root = run_dir / "checkpoints"
     if not root.exists():
         return None
-    done = sorted(p for p in root.iterdir() if p.name.startswith("step-") and not p.name.endswith(".tmp") and (p / "coordinator.msgpack").exists())
-    return done[-1] if done else None
+    done = sorted((p for p in root.iterdir() if p.name.startswith("step-") and not p.name.endswith(".tmp")), reverse=True)
+    return next((p for p in done if problem(p) is None), None)
+
+
+EXIT_DISK_FULL = 3  # a role's exit status: the launcher stops the run instead of resuming into the same full disk
+
+
+class DiskFull(OSError):
+    """No space to write a checkpoint: resuming would hit the same wall, so the run stops."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)  # torch.save and safetensors report a failed write as a RuntimeError
+    return "No space left on device" in text or "file write failed" in text
+
+
+def problem(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be resumed from, or None when it can."""
+    try:
+        decode_state((path / "coordinator.msgpack").read_bytes())
+    except (OSError, ValueError, msgspec.DecodeError) as e:
+        return f"coordinator.msgpack: {e}"
+    trainer = path / "trainer"
+    for name in ("trainer_state.pt", "optimizer/.metadata"):
+        if not (trainer / name).is_file() or (trainer / name).stat().st_size == 0:
+            return f"trainer/{name} is missing or empty"
+    weights = sorted(trainer.glob("*.safetensors")) + sorted((trainer / "adapter").glob("*.safetensors"))
+    if not weights:
+        return "no *.safetensors weights in trainer/"
+    for file in weights:
+        if why := _torn_safetensors(file):
+            return f"{file.relative_to(path)}: {why}"
+    return None
+
+
+def _torn_safetensors(file: Path) -> str | None:
+    """A safetensors file is an 8-byte header length, a JSON header, then the tensors' bytes; a
+    torn write leaves it shorter than its header says."""
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, no header"
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            return f"header of {n} bytes in a file of {size}"
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return "unreadable header"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    return None if size == 8 + n + end else f"{size} bytes, its header says {8 + n + end}"
+
+
+def fsync_tree(directory: Path) -> None:
+    for folder, _, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(folder))
 
 
 def version_of(path: Path) -> int:
@@ -89,13 +163,25 @@ def version_of(path: Path) -> int:
 
 
 def complete(run_dir: Path, version: int, state: OrchestratorState, keep: int) -> Path:
-    """The coordinator's half: write the state beside the trainer's, then make it final."""
+    """The coordinator's half: write the state beside the trainer's, make the whole durable, read
+    it back, make it final, and only then delete the oldest beyond `keep`."""
     tmp = step_dir(run_dir, version, tmp=True)
     if not (tmp / "trainer" / "trainer_state.pt").exists():
         raise FileNotFoundError(f"trainer half of checkpoint {version} is missing at {tmp}")
-    (tmp / "coordinator.msgpack").write_bytes(encode_state(state))
+    try:
+        (tmp / "coordinator.msgpack").write_bytes(encode_state(state))
+        fsync_tree(tmp)
+    except OSError as e:
+        if is_disk_full(e):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise DiskFull(e.errno, f"no space left to write checkpoint {tmp} (free space on its disk, or lower "
+                                    f"trainer.keep_checkpoints)") from e
+        raise
+    if why := problem(tmp):
+        raise RuntimeError(f"checkpoint {tmp} does not read back: {why}")
     final = step_dir(run_dir, version)
     tmp.rename(final)
+    fsync_dir(final.parent)
     # only older ones: the trainer may already be writing a newer step-M.tmp
     old = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-") and version_of(p) < version)
     for p in old[: max(0, len(old) - (keep - 1))]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from flashq.checkpoint import EXIT_DISK_FULL
 from flashq.config import ConfigError, FlashqConfig, dump_config, role_view
 
 RESUME = -1  # _run_roles: the trainer or coordinator died; resume from the newest checkpoint
@@ -311,6 +312,8 @@ class Launcher:
                     self._report_failure(early_exit[0], 0)
                     break
                 failed = []
+                if any(task.result() == EXIT_DISK_FULL for task in done):
+                    self.stopping = True  # no restart or resume: it would meet the same full disk
                 for task in done:
                     pending.discard(task)
                     role, status = exits[task], task.result()
@@ -427,6 +430,8 @@ class Launcher:
         how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
         if status == 0:
             how = "exited before the run finished"
+        elif status == EXIT_DISK_FULL:
+            how = "ran out of disk space writing a checkpoint"
         self.say(f"[bold red]role {role.name} {how}[/]; stopping the run. Last lines of {role.log_path}:")
         for line in role.tail:
             self.say(f"  [dim]{role.name}>[/] {_escape(line)}")

@@ -154,7 +154,9 @@ class TrainerConfig(Section):
         200, ge=1, description="Stop the run, saying why, when this many complete groups in a row were dropped (dynamic "
         "sampling, or rewards that kept failing)."
     )
-    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0: only at the end.")
+    checkpoint_every: int = Field(
+        100, ge=0, description="Checkpoint every N steps (and at the end), so a crash loses at most N steps; 0: only at the end."
+    )
     keep_checkpoints: int = Field(2, ge=1, description="The newest this many checkpoints are kept; older ones are deleted.")
     loss: LossConfig = LossConfig()
     lora: LoRAConfig | None = Field(None, description="Train a LoRA adapter instead of every weight (see LoRAConfig).")

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Awaitable, Callable, NoReturn
 
+from flashq.checkpoint import EXIT_DISK_FULL, is_disk_full
 from flashq.config import FlashqConfig
 from flashq.protocol import Fatal, Heartbeat, Hello, Start
 from flashq.transport import Link, PeerLost
@@ -137,6 +138,6 @@ def run_role(role: str, main: Callable[[], Awaitable[None]], link_getter: Callab
                     await asyncio.sleep(0.2)
                 except Exception:  # noqa: BLE001 - best effort: the launcher still sees the exit code
                     pass
-            return 1
+            return EXIT_DISK_FULL if is_disk_full(cause) else 1
 
     return uvloop.run(guarded())

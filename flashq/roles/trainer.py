@@ -19,17 +19,19 @@ rank 0 waits for data, or a push retried after a worker died, is joined by every
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib
 import itertools
 import json
 import logging
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from flashq.checkpoint import step_dir
+from flashq.checkpoint import DiskFull, is_disk_full, step_dir
 from flashq.config import FlashqConfig
 from flashq.jsonl import keep_records
 from flashq.protocol import BatchRequest, Heartbeat, Regroup, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
@@ -243,7 +245,7 @@ class TrainerRole:
         if kind == "push":
             return pusher.push(payload)
         if kind == "save":
-            return learner.save(step_dir(self.run_dir, payload, tmp=True) / "trainer", self.base_model)
+            return save_checkpoint(learner, step_dir(self.run_dir, payload, tmp=True), self.base_model)
         if kind == "stop":
             return leave(learner.ranks)
         raise ValueError(f"unknown trainer step {kind!r}")
@@ -309,6 +311,31 @@ def engine_dtype(cfg: FlashqConfig):
     from flashq.trainer.learner import DTYPES
 
     return DTYPES[cfg.model.dtype]
+
+
+def save_checkpoint(learner, tmp: Path, base_model) -> None:
+    """The trainer's half of a checkpoint into `tmp`. A disk without room for it stops the run
+    (`DiskFull`, naming the path) before anything is written; a write that fails for space
+    anyway removes the half-written folder, which may be what fills the disk."""
+    need = checkpoint_bytes(learner.model)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(tmp.parent).free
+    if free < need:
+        raise DiskFull(errno.ENOSPC, f"no space for checkpoint {tmp}: it needs about {need / 2**20:,.0f} MiB, "
+                                     f"{free / 2**20:,.0f} MiB are free (free space, or lower trainer.keep_checkpoints)")
+    try:
+        learner.save(tmp / "trainer", base_model)
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiskFull(errno.ENOSPC, f"no space left to write checkpoint {tmp} (free space on its disk, or lower "
+                                     f"trainer.keep_checkpoints): {e}") from e
+
+
+def checkpoint_bytes(model) -> int:
+    """An upper bound on the trainer's half: float32 weights and AdamW's two moments per parameter."""
+    return 3 * 4 * sum(p.numel() for p in model.parameters())
 
 
 def open_trained_record(path: Path, version: int):
