@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(args) -> int:
-    from flashq.launch import Launcher, dry_run, refuse_used_run_dir, resolve_run, resume_config
+    from flashq.launch import Launcher, dry_run, refuse_used_run_dir, resolve_run
+    from flashq.resume import resume_config
 
     cfg = load_config(args.config, args.overrides)
     if args.resume:

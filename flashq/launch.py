@@ -109,28 +109,6 @@ def refuse_used_run_dir(cfg: FlashqConfig) -> None:
                           f"`flashq launch CONFIG --resume {run_dir}`, or give this run another log.run_dir")
 
 
-def resume_config(cfg: FlashqConfig, which: str, overrides: list[str]) -> FlashqConfig:
-    """The stopped run's own resolved config (plus any new overrides), pointed at its newest
-    complete checkpoint."""
-    from flashq import checkpoint
-    from flashq.config import load_config
-
-    if which == "latest":
-        runs = sorted((p for p in cfg.log.root.glob(f"{cfg.name}-*") if checkpoint.latest(p)), key=lambda p: p.stat().st_mtime)
-        if not runs:
-            raise ConfigError(f"--resume: no run of {cfg.name!r} with a complete checkpoint under {cfg.log.root}/")
-        run_dir = runs[-1]
-    else:
-        run_dir = Path(which)
-    ckpt = checkpoint.latest(run_dir)
-    if ckpt is None:
-        raise ConfigError(f"--resume: {run_dir} holds no complete checkpoint")
-    resumed = load_config(run_dir / "config.yaml", [*overrides, f"log.run_dir={run_dir}", "transport.port=0", f"resume_from={ckpt}"])
-    if checkpoint.version_of(ckpt) >= resumed.trainer.steps:
-        raise ConfigError(f"--resume: {run_dir} already finished all {resumed.trainer.steps} steps (raise trainer.steps to continue)")
-    return resumed
-
-
 def address_of(cfg: FlashqConfig) -> str:
     return f"tcp://{cfg.transport.host}:{cfg.transport.port}"
 
@@ -214,6 +192,8 @@ class Launcher:
                 code = await self._run_roles()
                 if code != RESUME:
                     return code
+                from flashq.resume import resume_config
+
                 self.cfg = resolve_run(resume_config(self.cfg, str(self.run_dir), []))
                 self.say(f"[bold yellow]resuming from {self.cfg.resume_from}[/]")
         finally:
