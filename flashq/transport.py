@@ -104,6 +104,7 @@ class _Codec:
 
 
 MAX_REJECT_KEYS = 64
+MAX_PEERS_SEEN = 4096  # identities are the peer's choice: a flood of new ones must not grow the map
 
 
 def _reason_key(reason: str, counted: Counter[str]) -> str:
@@ -204,7 +205,10 @@ class Hub:
         """One received ZeroMQ message: its sender is seen now, its valid messages join the inbox."""
         ident, *frames = message
         peer = _peer_name(bytes(ident.buffer))
+        self.last_seen.pop(peer, None)  # re-inserted last: the map runs from least to most recently seen
         self.last_seen[peer] = time.monotonic()
+        if len(self.last_seen) > MAX_PEERS_SEEN:
+            del self.last_seen[next(iter(self.last_seen))]
         self.inbox.extend((peer, m) for m in self.codec.decode_all(peer, frames))
 
     @property

@@ -161,7 +161,10 @@ class Coordinator(StepMetrics):
             except asyncio.TimeoutError:
                 continue
             if isinstance(msg, Fatal):
-                raise RoleFailed(f"{msg.role} failed during startup: {msg.reason}")
+                if peer not in self.peers:
+                    log.warning("ignoring Fatal from unexpected peer %r", peer)
+                    continue
+                raise RoleFailed(f"{peer} failed during startup: {msg.reason}")
             if isinstance(msg, Hello):
                 if peer not in self.peers:
                     log.warning("ignoring hello from unexpected peer %r (expected %s)", peer, ", ".join(self.peers))
@@ -253,8 +256,10 @@ class Coordinator(StepMetrics):
         elif isinstance(msg, WorkerStats):
             self.worker_stats[peer] = msg.metrics
         elif isinstance(msg, Fatal):
+            if peer not in self.peers:  # only the run's own roles can stop it
+                raise ValueError("Fatal from a peer that is none of this run's roles")
             if not (self.tolerant and peer in self.rollouts + self.rewards):
-                raise RoleFailed(f"{msg.role} failed: {msg.reason}")
+                raise RoleFailed(f"{peer} failed: {msg.reason}")
             self._lose(peer, f"failed: {msg.reason[:200]}")
         elif not isinstance(msg, Heartbeat):
             raise ValueError(f"unexpected {type(msg).__name__}")
@@ -405,6 +410,8 @@ class Coordinator(StepMetrics):
     async def _stop_stale(self, peer: str, msg: Message) -> None:
         """A worker declared lost is still talking: its results were re-queued elsewhere, so
         reject them and tell it (once) to exit for a restart."""
+        if peer not in self.peers:  # a name no role of this run has: not a worker to restart
+            raise ValueError("a peer that is none of this run's roles")
         if peer not in self.told_to_restart:
             self.told_to_restart.add(peer)
             try:

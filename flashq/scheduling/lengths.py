@@ -23,8 +23,11 @@ def prompt_key(prompt_ids: np.ndarray) -> str:
 
 
 class LengthEstimates:
-    def __init__(self, history_epochs: int = 2):
+    def __init__(self, history_epochs: int = 2, max_prompts: int = 200_000):
+        """`max_prompts`: prompts whose history is kept, the least recently seen forgotten first
+        (a generated task source has no end of new prompts)."""
         self.history_epochs = history_epochs
+        self.max_prompts = max_prompts
         self.sibling_max: dict[str, int] = {}  # group id -> longest seen so far
         self.finished: dict[str, int] = {}  # group id -> responses finished
         self.group_key: dict[str, str] = {}
@@ -50,7 +53,11 @@ class LengthEstimates:
         self.sibling_max.pop(group_id, None)
         self.finished.pop(group_id, None)
         if key is not None and lengths:
-            self.history.setdefault(key, deque(maxlen=self.history_epochs)).append(lengths)
+            past = self.history.pop(key, None) or deque(maxlen=self.history_epochs)
+            past.append(lengths)
+            self.history[key] = past  # now the most recently seen
+            if len(self.history) > self.max_prompts:
+                del self.history[next(iter(self.history))]
 
     def known(self, group_id: str) -> bool:
         return self.finished.get(group_id, 0) > 0 or self.group_key.get(group_id) in self.history

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 
 from flashq.config import load_config
-from flashq.protocol import GenerateRequest, Sample, ScoreRequest
+from flashq.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest
 from flashq.roles.common import hello
 from flashq.roles.coordinator import Coordinator
 from flashq.transport import Link
@@ -59,3 +59,43 @@ def test_answers_arriving_together_leave_for_the_reward_worker_as_one_message(ti
 
     answered, score_messages = asyncio.run(asyncio.wait_for(main(), 60))
     assert score_messages == [answered]
+
+
+def test_peers_outside_the_run_cannot_stop_it_or_grow_its_books(tiny_model, tmp_path):
+    """Identities are the peer's choice: a `Fatal` from a name that is none of the run's roles
+    no longer ends the run (at start-up or later), and neither it nor the other messages of a
+    thousand made-up names add restart orders or rejection keys per name."""
+
+    async def main():
+        cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
+                                 "trainer.batch_groups=2", "trainer.steps=2"])
+        coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path / "run")
+        run = asyncio.create_task(coord.run())
+        while not hasattr(coord, "hub"):
+            await asyncio.sleep(0.01)
+        early = Link(coord.hub.address, "intruder")
+        await early.send(Fatal(role="trainer", reason="stop the run"))  # during start-up
+        links = {role: Link(coord.hub.address, role) for role in ("rollout-0", "reward-0", "trainer")}
+        for role, link in links.items():
+            await link.send(hello(role, engine_ranks=1) if role.startswith("rollout") else hello(role))
+        while not coord.alive:
+            await asyncio.sleep(0.01)
+        rogues = [Link(coord.hub.address, f"x{i}-{i}") for i in range(100)]
+        for i, rogue in enumerate(rogues):
+            await rogue.send(Fatal(role="trainer", reason="stop the run"))
+            await rogue.send(Heartbeat(float(i)))
+        await links["trainer"].send(Heartbeat(0.0))  # after the rogues': handled once they all are
+        while sum(coord.orch.ledger.rejected.values()) < 200:
+            await asyncio.sleep(0.01)
+        assert not run.done() and not coord.orch.done
+        rejected = dict(coord.orch.ledger.rejected)
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        for link in [early, *links.values(), *rogues]:
+            link.close()
+        return rejected, set(coord.told_to_restart)
+
+    rejected, told = asyncio.run(asyncio.wait_for(main(), 60))
+    assert told == set()
+    assert rejected == {"Fatal from an unknown peer: Fatal from a peer that is none of this run's roles": 100,
+                        "Heartbeat from an unknown peer: a peer that is none of this run's roles": 100}

@@ -103,3 +103,27 @@ def test_rejection_kinds_do_not_grow_with_the_names_peers_choose():
     kinds = {rejection_kind(f"x{i}y-{i}", Heartbeat(0.0), error) for i in range(1000)}
     assert kinds == {"Heartbeat from an unknown peer: unknown weight sync method"}
     assert rejection_kind("reward-3", Heartbeat(0.0), error).startswith("Heartbeat from reward:")
+
+
+def test_the_hub_remembers_a_bounded_number_of_peers(monkeypatch):
+    import flashq.transport as transport
+
+    monkeypatch.setattr(transport, "MAX_PEERS_SEEN", 8)
+
+    async def main():
+        hub = Hub("tcp://127.0.0.1:*")
+        socks = []
+        for i in range(20):
+            sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, f"made-up-{i}".encode())
+            sock.connect(hub.address)
+            await sock.send_multipart(Encoder().encode(Heartbeat(float(i))))
+            assert (await hub.recv())[0] == f"made-up-{i}"
+            socks.append(sock)
+        seen = list(hub.last_seen)
+        for sock in socks:
+            sock.close(linger=0)
+        hub.close()
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == [f"made-up-{i}" for i in range(12, 20)]

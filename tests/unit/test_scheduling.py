@@ -8,7 +8,7 @@ from flashq.config import ForcedLengths, load_config
 from flashq.orchestrator.core import Orchestrator
 from flashq.protocol import GenerateRequest, Sample
 from flashq.scheduling.divided import DividedRollout
-from flashq.scheduling.lengths import LengthEstimates, forced_length
+from flashq.scheduling.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.scheduling.order import ContextAwareOrder, FifoOrder, OracleOrder
 
 
@@ -159,3 +159,18 @@ def test_orchestrator_with_context_aware_and_divided_rollout_keeps_one_sample_pe
     assert received == lengths
     assert orch.ledger.samples_received == 4 and orch.ledger.requests_sent == 4
     assert [r["request_id"] for r in orch.finished_requests][0] == "g0/0"
+
+
+def test_length_history_forgets_the_least_recently_seen_prompts_past_its_cap():
+    """A generated task source never runs out of new prompts: the history map is bounded."""
+    est = LengthEstimates(history_epochs=2, max_prompts=3)
+    prompts = {name: np.array(ids, dtype=np.int32) for name, ids in (("a", [1]), ("b", [2]), ("c", [3]), ("d", [4]))}
+    for epoch, order in enumerate(("abc", "a", "d")):
+        for name in order:
+            gid = f"{name}{epoch}"
+            est.add_group(gid, prompts[name])
+            est.observe(gid, 10 + epoch, finished=True)
+            est.close_group(gid)
+    # b was seen least recently when d arrived; a, seen again in epoch 1, stays with both epochs
+    assert set(est.history) == {prompt_key(prompts[n]) for n in "acd"}
+    assert list(est.history[prompt_key(prompts["a"])]) == [[10], [11]]
