@@ -30,6 +30,7 @@ import yaml
 
 from flashq.checkpoint import EXIT_DISK_FULL
 from flashq.config import ConfigError, FlashqConfig, dump_config, role_view
+from flashq.placement import check_cpus, cuda_devices, pin, place_gpus, visible_gpus
 
 RESUME = -1  # _run_roles: the trainer or coordinator died; resume from the newest checkpoint
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_green", "bright_blue"]
@@ -50,7 +51,7 @@ class LocalProcess:
     async def start(cls, cmd: list[str], env: dict[str, str], cpus: list[int]) -> LocalProcess:
         return cls(await asyncio.create_subprocess_exec(
             *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_pin(cpus), limit=LINE_LIMIT,
+            preexec_fn=pin(cpus), limit=LINE_LIMIT,
         ))
 
     @property
@@ -167,7 +168,8 @@ class Launcher:
 
     def run(self) -> int:
         if self.backend == "local":
-            check_placement(self.cfg)
+            check_cpus(self.cfg)
+            self.cfg = place_gpus(self.cfg, visible_gpus())
         if self.cfg.env is not None:  # a wrong env name fails here, not in every rollout worker
             from flashq.envs.base import load_env_class
 
@@ -351,7 +353,7 @@ class Launcher:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "flashq.cli", "sft", str(sft_config),
             env=dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1"),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=_pin(self.cfg.placement.trainer),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=pin(self.cfg.placement.trainer),
         )
         lines = []
         with (self.run_dir / "logs" / "sft.log").open("a") as log_file:
@@ -462,30 +464,6 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def cuda_devices(cfg: FlashqConfig, role: str) -> str | None:
-    """CUDA_VISIBLE_DEVICES for a role under placement.*_gpus (None: leave the environment's)."""
-    pl = cfg.placement
-    if role.startswith("rollout-") and pl.rollout_gpus:
-        tp, i = cfg.rollout.tensor_parallel_size, int(role.split("-")[1])
-        return ",".join(map(str, pl.rollout_gpus[i * tp : (i + 1) * tp]))
-    if role == "trainer" and pl.trainer_gpus:
-        return ",".join(map(str, pl.trainer_gpus))
-    return None
-
-
-def check_placement(cfg: FlashqConfig) -> None:
-    available = os.sched_getaffinity(0)
-    for kind in ("coordinator", "rollout", "reward", "trainer", "rollout_frontend"):
-        cpus = getattr(cfg.placement, kind)
-        missing = set(cpus) - available
-        if missing:
-            raise ConfigError(f"placement.{kind} names CPU(s) {sorted(missing)}; this machine offers {sorted(available)}")
-
-
-def _pin(cpus: list[int]):
-    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
 async def _exit_status(proc: LocalProcess) -> int:

@@ -78,6 +78,9 @@ class FlashqConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> FlashqConfig:
+        from flashq.placement import check_gpu_placement
+
+        check_gpu_placement(self)
         if self.sampling.max_tokens >= self.rollout.max_model_len:
             raise ValueError(
                 f"sampling.max_tokens ({self.sampling.max_tokens}) must be below rollout.max_model_len "
@@ -118,17 +121,6 @@ class FlashqConfig(Section):
         if lora is not None and self.trainer.world_size > 1:
             raise ValueError("trainer.lora runs on one trainer rank: set trainer.world_size 1 (sharding the frozen base "
                              "with FSDP2 under an adapter is not built yet)")
-        gpus, want = self.placement.rollout_gpus, self.rollout.num_workers * self.rollout.tensor_parallel_size
-        if gpus and len(gpus) != want:
-            raise ValueError(
-                f"placement.rollout_gpus lists {len(gpus)} device(s); rollout.num_workers x rollout.tensor_parallel_size needs {want}"
-            )
-        if self.placement.trainer_gpus and len(self.placement.trainer_gpus) != self.trainer.world_size:
-            raise ValueError(
-                f"placement.trainer_gpus lists {len(self.placement.trainer_gpus)} device(s) for trainer.world_size={self.trainer.world_size}"
-            )
-        if set(gpus) & set(self.placement.trainer_gpus):
-            raise ValueError(f"placement: GPU(s) {sorted(set(gpus) & set(self.placement.trainer_gpus))} are given to both rollout and trainer")
         return self
 
     @property

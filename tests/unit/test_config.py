@@ -114,9 +114,9 @@ def test_gpu_configs_place_engines_and_fsdp_ranks_on_their_own_devices(tmp_path)
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["placement.rollout_gpus=[0]", "rollout.num_workers=2"], "placement.rollout_gpus lists 1 device(s); rollout.num_workers"),
-        (["placement.trainer_gpus=[1]", "trainer.world_size=2"], "placement.trainer_gpus lists 1 device(s) for trainer.world_size=2"),
-        (["placement.rollout_gpus=[0]", "placement.trainer_gpus=[0]"], "GPU(s) [0] are given to both rollout and trainer"),
+        (["placement.rollout_gpus=[0]", "rollout.num_workers=2"], "placement.rollout_gpus names 1 device(s); 2 rollout worker(s)"),
+        (["placement.trainer_gpus=[1]", "trainer.world_size=2"], "placement.trainer_gpus names 1 device(s) for trainer.world_size 2"),
+        (["placement.rollout_gpus=[0]", "placement.trainer_gpus=[0]"], "rollout-0 and trainer would share cuda:0"),
     ],
 )
 def test_gpu_placement_mistakes_are_named(overrides, expected):
@@ -139,7 +139,7 @@ def test_the_rollout_frontend_moves_every_thread_of_the_worker_and_names_missing
     import subprocess
     import sys
 
-    from flashq.launch import check_placement
+    from flashq.placement import check_cpus
 
     script = (
         "import os, threading\n"
@@ -157,7 +157,7 @@ def test_the_rollout_frontend_moves_every_thread_of_the_worker_and_names_missing
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[1] [1] [1]"  # the process, a thread started before, one started after
     with pytest.raises(ConfigError, match=r"placement.rollout_frontend names CPU\(s\) \[4096\]"):
-        check_placement(load_config(None, ["placement.rollout_frontend=[4096]"]))
+        check_cpus(load_config(None, ["placement.rollout_frontend=[4096]"]))
 
 
 def test_a_batch_of_split_agent_episodes_fits_the_socket_limit():

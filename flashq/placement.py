@@ -1,0 +1,102 @@
+"""Which CPU cores and CUDA devices each role gets, checked before anything starts.
+
+A GPU can hold one role of a split run: NCCL refuses two ranks of one group on one device, and a
+vLLM engine sized by `gpu_memory_utilization` leaves no room for a trainer beside it. So roles
+that would share a device are refused by name, at load for the devices placement names and at
+launch for the ones it leaves out: with GPUs visible and no `placement.*_gpus`, rollout workers
+take the first devices (tensor_parallel_size each) and the trainer the next ones, or the launch
+stops and says how many are needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flashq.config import ConfigError, FlashqConfig
+
+
+def gpu_roles(cfg: FlashqConfig) -> dict[str, list[int]]:
+    """Role -> the CUDA devices placement names for it (only roles it names)."""
+    pl, tp = cfg.placement, cfg.rollout.tensor_parallel_size
+    out = {}
+    if pl.rollout_gpus:
+        for i in range(cfg.rollout.num_workers):
+            out[f"rollout-{i}"] = pl.rollout_gpus[i * tp:(i + 1) * tp]
+    if pl.trainer_gpus:
+        out["trainer"] = list(pl.trainer_gpus)
+    return out
+
+
+def check_gpu_placement(cfg: FlashqConfig) -> None:
+    """The devices placement names: enough for each role, and none named for two ranks."""
+    pl, tp, workers = cfg.placement, cfg.rollout.tensor_parallel_size, cfg.rollout.num_workers
+    if pl.rollout_gpus and len(pl.rollout_gpus) != workers * tp:
+        raise ValueError(f"placement.rollout_gpus names {len(pl.rollout_gpus)} device(s); {workers} rollout worker(s) "
+                         f"x tensor_parallel_size {tp} need {workers * tp}")
+    if pl.trainer_gpus and len(pl.trainer_gpus) != cfg.trainer.world_size:
+        raise ValueError(f"placement.trainer_gpus names {len(pl.trainer_gpus)} device(s) for trainer.world_size "
+                         f"{cfg.trainer.world_size} (one per rank)")
+    holder: dict[int, str] = {}
+    for role, devices in gpu_roles(cfg).items():
+        for d in devices:
+            if d in holder:
+                who = f"{holder[d]} and {role}" if holder[d] != role else f"two ranks of {role}"
+                raise ValueError(f"placement: {who} would share cuda:{d}; a device holds one rank of one role "
+                                 f"(NCCL refuses two ranks of a group on one device)")
+            holder[d] = role
+
+
+def visible_gpus() -> int:
+    """CUDA devices this launch can give out, without importing torch: CUDA_VISIBLE_DEVICES if
+    set, else the NVIDIA driver's list."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return len(list(gpus.iterdir())) if gpus.is_dir() else 0
+
+
+def place_gpus(cfg: FlashqConfig, available: int) -> FlashqConfig:
+    """At launch: with `available` GPUs and a trainer that would use one, give every role its own
+    devices when placement names none, or refuse; devices placement names must exist."""
+    if available == 0 or cfg.trainer.device == "cpu":
+        return cfg
+    pl = cfg.placement
+    rollout_need = cfg.rollout.num_workers * cfg.rollout.tensor_parallel_size
+    need = rollout_need + cfg.trainer.world_size
+    named = [*pl.rollout_gpus, *pl.trainer_gpus]
+    if missing := sorted(d for d in named if d >= available):
+        raise ConfigError(f"placement names cuda:{', cuda:'.join(map(str, missing))}; {available} device(s) are visible")
+    if pl.rollout_gpus and pl.trainer_gpus:
+        return cfg
+    if pl.rollout_gpus or pl.trainer_gpus:
+        unset = "trainer_gpus" if pl.rollout_gpus else "rollout_gpus"
+        raise ConfigError(f"placement names some GPUs but not placement.{unset}: those roles would default to cuda:0 "
+                          f"beside the others; name both")
+    if need > available:
+        raise ConfigError(f"{rollout_need} rollout device(s) and {cfg.trainer.world_size} trainer device(s) need {need} GPUs; "
+                          f"{available} visible. Lower rollout.num_workers or trainer.world_size, or set trainer.device: cpu")
+    cfg = cfg.model_copy(deep=True)
+    cfg.placement.rollout_gpus = list(range(rollout_need))
+    cfg.placement.trainer_gpus = list(range(rollout_need, need))
+    return cfg
+
+
+def cuda_devices(cfg: FlashqConfig, role: str) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a role under placement.*_gpus (None: leave the environment's)."""
+    devices = gpu_roles(cfg).get(role)
+    return ",".join(map(str, devices)) if devices else None
+
+
+def check_cpus(cfg: FlashqConfig) -> None:
+    available = os.sched_getaffinity(0)
+    for kind in ("coordinator", "rollout", "reward", "trainer", "rollout_frontend"):
+        cpus = getattr(cfg.placement, kind)
+        missing = set(cpus) - available
+        if missing:
+            raise ConfigError(f"placement.{kind} names CPU(s) {sorted(missing)}; this machine offers {sorted(available)}")
+
+
+def pin(cpus: list[int]):
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None

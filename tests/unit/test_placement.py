@@ -1,0 +1,54 @@
+"""GPU placement checked before anything starts: roles that would share a device are refused
+by name (at load for the devices placement names, at launch for the ones it leaves out), and
+with GPUs visible and no placement every role gets its own devices, instead of every engine
+and the trainer landing on cuda:0 where NCCL refuses two ranks of one group."""
+
+import pytest
+
+from flashq.config import ConfigError, load_config
+from flashq.launch import role_specs
+from flashq.placement import place_gpus, visible_gpus
+
+
+def test_roles_sharing_a_named_device_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"rollout-1 and trainer would share cuda:1"):
+        load_config(None, ["rollout.num_workers=2", "placement.rollout_gpus=[0,1]", "placement.trainer_gpus=[1]"])
+    with pytest.raises(ConfigError, match=r"rollout-0 and rollout-1 would share cuda:0"):
+        load_config(None, ["rollout.num_workers=2", "placement.rollout_gpus=[0,0]", "placement.trainer_gpus=[1]"])
+    with pytest.raises(ConfigError, match=r"two ranks of trainer would share cuda:2"):
+        load_config(None, ["trainer.world_size=2", "placement.rollout_gpus=[0]", "placement.trainer_gpus=[2,2]"])
+    with pytest.raises(ConfigError, match=r"3 rollout worker\(s\) x tensor_parallel_size 1 need 3"):
+        load_config(None, ["rollout.num_workers=3", "placement.rollout_gpus=[0,1]"])
+    with pytest.raises(ConfigError, match=r"names 1 device\(s\) for trainer.world_size 2"):
+        load_config(None, ["trainer.world_size=2", "placement.trainer_gpus=[3]"])
+
+
+def test_a_launch_with_gpus_and_no_placement_gives_each_role_its_own(tmp_path):
+    cfg = load_config(None, ["rollout.num_workers=2", "rollout.tensor_parallel_size=2", "trainer.world_size=2",
+                             f"log.run_dir={tmp_path}"])
+    placed = place_gpus(cfg, available=8)
+    assert placed.placement.rollout_gpus == [0, 1, 2, 3] and placed.placement.trainer_gpus == [4, 5]
+    devices = {spec.name: spec.env.get("CUDA_VISIBLE_DEVICES") for spec in role_specs(placed, tmp_path / "config.yaml")}
+    assert devices["rollout-0"] == "0,1" and devices["rollout-1"] == "2,3" and devices["trainer"] == "4,5"
+    with pytest.raises(ConfigError, match=r"4 rollout device\(s\) and 2 trainer device\(s\) need 6 GPUs; 4 visible"):
+        place_gpus(cfg, available=4)
+    assert place_gpus(cfg, available=0) is cfg  # a CPU machine: nothing to place
+    on_cpu = load_config(None, ["trainer.device=cpu"])
+    assert place_gpus(on_cpu, available=1) is on_cpu
+
+
+def test_devices_placement_names_must_exist_and_cover_every_role():
+    named = load_config(None, ["placement.rollout_gpus=[0]", "placement.trainer_gpus=[5]"])
+    with pytest.raises(ConfigError, match=r"placement names cuda:5; 2 device\(s\) are visible"):
+        place_gpus(named, available=2)
+    assert place_gpus(named, available=6) is named
+    half = load_config(None, ["placement.rollout_gpus=[1]"])
+    with pytest.raises(ConfigError, match=r"not placement.trainer_gpus: those roles would default to cuda:0"):
+        place_gpus(half, available=2)
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5")
+    assert visible_gpus() == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == 0
