@@ -243,6 +243,7 @@ class TrainerRole:
         if kind == "train":
             return learner.train_step(payload, self._await_push if learner.ranks.is_leader else None)
         if kind == "push":
+            learner.updated.wait()  # on a GPU the optimizer's kernels may still be queued
             return pusher.push(payload)
         if kind == "save":
             return save_checkpoint(learner, step_dir(self.run_dir, payload, tmp=True), self.base_model)

@@ -29,6 +29,7 @@ from flashq.trainer.lr_schedule import lr_factor
 from flashq.trainer.micro_batches import MicroBatch, MicroBatching
 from flashq.trainer.packing import check_isolation, unpack
 from flashq.trainer.shared_prompts import check_sharing, shared_token_logprobs, unsupported
+from flashq.trainer.update_fence import UpdateFence
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class Learner(MicroBatching):
         trained = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(decay_groups(trained, tc.weight_decay, tc.weight_decay_scope), lr=tc.lr)
         self.version = 0
+        self.updated = UpdateFence(self.device)  # a push waits on it: the step's updates are on the device
         self.nonfinite_in_row = 0  # batches skipped for a non-finite gradient since one was applied
         self.temperature = cfg.sampling.temperature or 1.0
         # forced lengths set min_tokens: vLLM masks the stop tokens before its logprobs, and so must we
@@ -314,6 +316,7 @@ class Learner(MicroBatching):
             grad_norms.append(grad_norm)
         if not skipped:
             self.nonfinite_in_row = 0
+        self.updated.mark()
         totals = parallel.all_reduce_sum({**totals, "_loss": float(np.mean(losses)) if losses else 0.0}, self.ranks)
         self.version += 1
         return {

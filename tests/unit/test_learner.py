@@ -41,8 +41,10 @@ def learner(tiny_model):
 
 def test_a_step_changes_the_weights_and_bumps_the_version(learner):
     before = [p.detach().clone() for p in learner.model.parameters()]
+    marks = []
+    learner.updated.mark = lambda: marks.append(learner.version)  # the fence a push waits on (test_update_fence)
     m = learner.train_step(make_batch(learner, [1, 0, 0, 1]))
-    assert learner.version == 1
+    assert marks == [0] and learner.version == 1  # marked once, after the optimizer step of version 0
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
     assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
     assert m["reward/mean"] == 0.5 and m["train/sequences"] == 4
