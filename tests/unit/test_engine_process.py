@@ -162,3 +162,17 @@ def test_a_one_thread_process_forks_safely_after_a_parallel_region(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["1.0"]
+
+
+def test_engines_run_the_v1_model_runner_unless_v2_is_asked_for_by_name(monkeypatch, caplog):
+    """On CUDA vLLM 0.32 would pick Model Runner V2, on which none of flashq's engine hooks ran."""
+    from flashq.engine.vllm_engine import pin_v1_model_runner
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    pin_v1_model_runner()
+    import os
+
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    pin_v1_model_runner()
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1" and "tested on vLLM's V1 model runner only" in caplog.text
