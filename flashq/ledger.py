@@ -43,7 +43,8 @@ class Ledger:
     requests_retried: int = 0  # failed ones sent again
     requests_quarantined: int = 0  # failed rollout.max_request_failures times: given up, their group dropped
     eval_requests_quarantined: int = 0
-    quarantined: list = field(default_factory=list)  # {request_id, group_id, reasons} of each
+    quarantined: list = field(default_factory=list)  # {request_id, group_id, reasons} of each; a group's: {group_id, request_ids, reasons}
+    groups_quarantined: int = 0  # held groups in trainer.max_batch_failures batches that crashed the trainer
     scores_requeued: int = 0  # in flight on a reward worker that died; scored again
     workers_lost: Counter = field(default_factory=Counter)  # by worker
     tasks_skipped: Counter = field(default_factory=Counter)

@@ -142,6 +142,10 @@ class TrainerConfig(Section):
         "gives the same logprobs both ways at start.",
     )
     minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO-style); weights broadcast once per batch.")
+    max_batch_failures: int = Field(
+        2, ge=1, description="A held group in this many batches that crashed the trainer is quarantined when the run resumes "
+        "(flashq/failed_batches.py), so a batch that crashes every time cannot stop the run for ever."
+    )
     max_nonfinite_in_row: int = Field(
         3, ge=1, description="A batch whose gradient is not finite is skipped (counted); this many in a row stops the run."
     )

@@ -193,6 +193,21 @@ class Orchestrator(EpisodeEvents, Snapshots):
         if group.complete:
             self._on_group_complete(group)
 
+    def quarantine_groups(self, suspects: dict[str, list[str]]) -> None:
+        """Held groups named by batches that crashed the trainer (`flashq/failed_batches.py`):
+        listed in the ledger with their samples, and dropped once complete, as a poison
+        request's group is."""
+        for gid, errors in suspects.items():
+            group = self.buffer.groups.get(gid)
+            if group is None:
+                continue
+            log.error("group %s quarantined: in %d batches that crashed the trainer; the last: %s", gid, len(errors), errors[-1])
+            self.ledger.quarantined.append({"group_id": gid, "request_ids": sorted(group.samples), "reasons": errors})
+            self.ledger.groups_quarantined += 1
+            group.fail("poison batch", f"in {len(errors)} batches that crashed the trainer; the last: {errors[-1]}")
+            if group.complete:
+                self._on_group_complete(group)
+
     def _generation_done(self, group_id: str) -> None:
         """A group (or an evaluation prompt) needs no more generation: its lengths become
         history, and the queue forgets its worker affinity."""

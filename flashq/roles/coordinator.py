@@ -27,6 +27,7 @@ from flashq import checkpoint
 from flashq.config import ROLE_SECTIONS, FlashqConfig
 from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.data.chat_encoder import ChatEncoder
+from flashq.failed_batches import suspects
 from flashq.jsonl import keep_records
 from flashq.metrics import MetricsLog
 from flashq.trackers import make_trackers
@@ -119,6 +120,8 @@ class Coordinator(StepMetrics):
         if self.cfg.resume_from:
             state = checkpoint.decode_state((self.cfg.resume_from / "coordinator.msgpack").read_bytes())
             self.orch.restore(state)
+            held = {gid: list(g.samples) for gid, g in self.orch.buffer.groups.items()}
+            self.orch.quarantine_groups(suspects(self.run_dir, held, self.cfg.trainer.max_batch_failures))
             truncate_metrics(self.run_dir / "metrics.jsonl", state.version)
             log.info("resuming at version %d: %d groups restored, next task %d", state.version, len(state.groups), state.next_task)
             books = self.orch.ledger  # per-step rates count from the restored books, not from zero

@@ -33,6 +33,7 @@ import numpy as np
 
 from flashq.checkpoint import DiskFull, is_disk_full, step_dir
 from flashq.config import FlashqConfig
+from flashq.failed_batches import record_failure
 from flashq.jsonl import keep_records
 from flashq.protocol import BatchRequest, Heartbeat, Regroup, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
@@ -108,7 +109,11 @@ class TrainerRole:
             if step + 1 < self.cfg.trainer.steps:
                 await self.link.send(BatchRequest(credits=1))
             self.push_wait_s = 0.0
-            metrics = await loop.run_in_executor(self.pool, self._lead, learner, "train", batch)
+            try:
+                metrics = await loop.run_in_executor(self.pool, self._lead, learner, "train", batch)
+            except Exception as e:  # this batch may crash every resume: leave word for the coordinator
+                record_failure(self.run_dir, learner.version, batch.batch_index, batch.request_ids, e)
+                raise
             if self.pending_push is not None and self.pending_push.done():
                 sync_s = self.pending_push.result()  # the previous version's push, overlapped with this step
             self.pending_push = asyncio.ensure_future(self._push(learner, learner.version))
