@@ -1,0 +1,57 @@
+"""The benchmark figures in README.md and docs/benchmarks/index.md are the result files' own.
+
+bench/figures.py generates both tables from bench/results/*.json; these tests fail when a block no
+longer matches the files (someone re-ran a benchmark, or edited the text by hand), and show that
+a changed figure in a result file does change the row it feeds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from bench import figures
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_readme_and_docs_blocks_match_the_result_files():
+    stale = figures.stale()
+    assert not stale, f"stale benchmark figures in {', '.join(stale)}: run python bench/figures.py"
+
+
+def test_a_changed_figure_changes_its_row(tmp_path: Path):
+    results = tmp_path / "results"
+    shutil.copytree(figures.RESULTS, results)
+    path = results / "quickstart.json"
+    data = json.loads(path.read_text())
+    data["figures"]["reward_gain"], data["date"] = 0.123, "2031-01-02T00:00:00+0000"
+    path.write_text(json.dumps(data))
+
+    def row(block: str) -> str:
+        return next(line for line in block.splitlines() if line.startswith("| [quickstart]"))
+
+    before, after = row(figures.readme_block()), row(figures.readme_block(results))
+    assert before != after
+    assert "reward +0.123" in after and after.endswith("(measured 2031-01-02) |")
+    assert "reward +0.123" in row(figures.index_block(results))
+    assert figures.stale(ROOT, results) == list(figures.TARGETS)  # both files now read as stale
+
+
+def test_every_bound_a_result_file_states_is_judged():
+    """A new `*_bound` key needs its side in figures.BOUNDS, or the docs would not say met or fails."""
+    for entry in figures.ENTRIES.values():
+        data = json.loads((figures.RESULTS / f"{entry.result}.json").read_text())
+        figs = data["figures"]
+        named = [k[: -len("_bound")] for k, v in figs.items() if k.endswith("_bound") and type(v) in (int, float)]
+        named += list(figs.get("bounds") or {})  # real_model.json writes its bounds as '>= 0.25'
+        judged = figures.bounds(data)
+        missing = [k for k in named if k not in judged and not any(f.startswith(k) for f in judged)]
+        assert not missing, f"{entry.result}.json: bounds without a side in figures.BOUNDS: {missing}"
+
+
+def test_readme_block_names_no_commit():
+    block = figures.readme_block()
+    assert not re.findall(r"\b[0-9a-f]{7,40}\b", block)
