@@ -10,6 +10,7 @@ import torch
 from flashq.config import load_config
 from flashq.protocol import Regroup
 from flashq.roles.trainer import TrainerRole
+from flashq.trainer.update_fence import UpdateFence
 from flashq.trainer.parallel import Ranks
 
 
@@ -40,7 +41,8 @@ def test_a_push_rebuilt_for_new_workers_does_not_wait_for_the_step_that_waits_fo
     on the torch thread, which the waiting step holds, it would never run (a deadlock)."""
     monkeypatch.setattr("flashq.engine.weights.WeightPusher", FakePusher)
     role = TrainerRole(load_config(None, []), "trainer", "tcp://127.0.0.1:1", tmp_path)
-    learner = SimpleNamespace(ranks=Ranks(), model=torch.nn.Linear(2, 2), device=torch.device("cpu"), version=1)
+    learner = SimpleNamespace(ranks=Ranks(), model=torch.nn.Linear(2, 2), device=torch.device("cpu"), version=1,
+                              updated=UpdateFence(torch.device("cpu")))
 
     async def scenario():
         role.loop = asyncio.get_running_loop()
