@@ -5,8 +5,8 @@ A checkpoint holds groups generated from one model, one prompt sequence and one 
 a prompt position in that sequence (`flashq/checkpoint.py`); the trainer's half is one model's
 weights in one form. Changing those under it would train on what no config asked for (another
 dataset silently continued from the old one's position) or wait for ever (a smaller batch than the
-groups already admitted for it), so they are refused by name. Everything else may change (more
-steps, another learning rate, logging) by giving it as an override.
+groups already admitted for it), so overrides of them are refused by name. Everything else may
+change (more steps, another learning rate, logging) by giving it as an override.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ FROZEN = (
 
 def resume_config(cfg: FlashqConfig, which: str, overrides: list[str]) -> FlashqConfig:
     """The stopped run's own resolved config (plus any new overrides), pointed at its newest
-    complete checkpoint. `cfg` is the config given now (the file and overrides on the command
-    line): a frozen field where it differs from the run's is refused."""
+    complete checkpoint; an override of a frozen field is refused. The config file given on the
+    command line only names the run (`--resume latest`): the run's own `config.yaml` holds the
+    overrides it was started with, which the file does not."""
     from flashq import checkpoint
 
     if which == "latest":
@@ -46,11 +47,10 @@ def resume_config(cfg: FlashqConfig, which: str, overrides: list[str]) -> Flashq
         raise ConfigError(f"--resume: {run_dir} holds no complete checkpoint")
     resumed = load_config(run_dir / "config.yaml", [*overrides, f"log.run_dir={run_dir}", "transport.port=0", f"resume_from={ckpt}"])
     stored = load_config(run_dir / "config.yaml", [])
-    for given, label in ((cfg, "the config given"), (resumed, "the overrides given")):
-        for field, why in FROZEN:
-            if (now := _field(given, field)) != (then := _field(stored, field)):
-                raise ConfigError(f"--resume: {label} changes {field} ({_show(then)} -> {_show(now)}), which cannot change "
-                                  f"in a resumed run: {why}. Put it back, or start a new run")
+    for field, why in FROZEN:
+        if (now := _field(resumed, field)) != (then := _field(stored, field)):
+            raise ConfigError(f"--resume: the overrides given change {field} ({_show(then)} -> {_show(now)}), which cannot "
+                              f"change in a resumed run: {why}. Drop the override, or start a new run")
     if checkpoint.version_of(ckpt) >= resumed.trainer.steps:
         raise ConfigError(f"--resume: {run_dir} already finished all {resumed.trainer.steps} steps (raise trainer.steps to continue)")
     return resumed
