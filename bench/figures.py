@@ -57,6 +57,7 @@ BOUNDS = {
     **{f"job_{j}_speed_vs_trl": (f"job_{j}_speed_bound", ">=") for j in "ab"},
     **{f"job_{j}_final_reward_gap_vs_trl": (f"job_{j}_final_reward_gap_bound", "<=") for j in "ab"},
     **{k: (f"{k}_bound", "<=") for k in ("adapter_push_bytes_vs_full", "trainer_peak_memory_vs_full", "lora_wall_minutes")},
+    "trainer_tokens_per_s_vs_bare_hf": ("trainer_tokens_per_s_vs_bare_hf_bound", ">="),  # bench/trainer_vs_bare.py
     **{k: (f"{k}_bound", ">=") for k in ("lora_reward_gain", "reward_gain", "episodes_per_s_vs_native_env",
                                           "steps_at_0_5b", "weight_sync_vs_raw_broadcast")},
     "peak_memory_vs_naive": ("bound", "<="),
@@ -105,6 +106,15 @@ def real_model(d: dict) -> str:
             f"{start + f['real_model_eval_greedy_gain']:.3f} (bound {float(gain_bound):+g}: {gain}), "
             f"slowest run {f['real_model_wall_minutes']:.1f} min "
             f"(bound {wall_bound}: {wall.replace('fails', 'fails, cold start')})")
+
+
+def trainer_vs_bare(d: dict) -> str:
+    f = d["figures"]
+    bound, met = verdict(d, "trainer_tokens_per_s_vs_bare_hf")
+    share = f["flashq_phase_share"]
+    return (f"SmolLM2-135M-Instruct, a step of the real-model example: {x(f['trainer_tokens_per_s_vs_bare_hf'])} the tokens/s "
+            f"of the faster bare transformers step (bound ≥ {float(bound):g}: {met}); of flashq's step, forward "
+            f"{share['forward (logprob head)']:.0%}, optimizer {share['optimizer']:.0%} ({f['threads']} thread)")
 
 
 # the last runs before weight decay (6ff3850): job A at 4373a86, job B at 3fc314e
@@ -205,6 +215,8 @@ def _f(text: str, **derived: Callable[[dict], object]) -> Callable[[dict], str]:
 ENTRIES = {e.result: e for e in [
     Entry("quickstart", "quickstart", "quickstart", "the quickstart's reward and held-out gains, and its wall time", quickstart),
     Entry("real model", "real_model", "real_model", "SmolLM2-135M-Instruct learning sums in answer tags on a CPU", real_model),
+    Entry("trainer vs bare", "trainer_vs_bare", "trainer_vs_bare",
+          "flashq's trainer step against a bare transformers step of the same batch", trainer_vs_bare),
     Entry("vs TRL", "vs_trl", "vs_trl", "flashq against TRL's `GRPOTrainer`, two jobs", vs_trl),
     Entry("parity", "parity", "parity", "α = 2 against synchronous training", _f(
         "α = 2 reaches synchronous training's final reward ({final_reward_alpha2:.3f} vs {final_reward_sync:.3f}) "
