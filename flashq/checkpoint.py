@@ -116,7 +116,10 @@ def problem(path: Path) -> str | None:
     except (OSError, ValueError, msgspec.DecodeError) as e:
         return f"coordinator.msgpack: {e}"
     trainer = path / "trainer"
-    for name in ("trainer_state.pt", "optimizer/.metadata"):
+    # optimizer/ (torch.distributed.checkpoint, written last of it: .metadata); a checkpoint from
+    # before the optimizer state was sharded keeps it inside trainer_state.pt and has no folder
+    needed = ["trainer_state.pt"] + (["optimizer/.metadata"] if (trainer / "optimizer").exists() else [])
+    for name in needed:
         if not (trainer / name).is_file() or (trainer / name).stat().st_size == 0:
             return f"trainer/{name} is missing or empty"
     weights = sorted(trainer.glob("*.safetensors")) + sorted((trainer / "adapter").glob("*.safetensors"))

@@ -48,6 +48,18 @@ def test_latest_falls_back_past_torn_checkpoints(tmp_path):
     (step_dir(tmp_path, 4) / "trainer" / "trainer_state.pt").unlink()
     assert "model.safetensors" in problem(step_dir(tmp_path, 8)) and "coordinator.msgpack" in problem(step_dir(tmp_path, 6))
     assert latest(tmp_path).name == "step-000002"
+    (step_dir(tmp_path, 2) / "trainer" / "optimizer" / ".metadata").write_bytes(b"")  # a torn optimizer state
+    assert "optimizer/.metadata" in problem(step_dir(tmp_path, 2)) and latest(tmp_path) is None
+
+
+def test_a_checkpoint_from_before_sharded_optimizer_state_still_counts(tmp_path):
+    """Its optimizer state lives in trainer_state.pt: no optimizer/ folder to check."""
+    trainer = trainer_half(tmp_path, 2)
+    for f in (trainer / "optimizer").iterdir():
+        f.unlink()
+    (trainer / "optimizer").rmdir()
+    complete(tmp_path, 2, state(2), keep=2)
+    assert latest(tmp_path).name == "step-000002"
 
 
 def test_a_checkpoint_that_does_not_read_back_never_replaces_the_older_ones(tmp_path):
