@@ -47,8 +47,24 @@ def open_group(address: str, port: int, rank: int, world_size: int, timeout_s: f
     own). Rank 0 hosts the TCP store."""
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(address, port, world_size, is_master=(rank == 0), timeout=timeout)
-    group = dist.ProcessGroupGloo(dist.PrefixStore("flashq-weights", store), rank, world_size, timeout)
-    return group, store
+    return group_on(store, rank, world_size, timeout_s), store
+
+
+def host_store(address: str, port: int, world_size: int, timeout_s: float, any_port: bool):
+    """Rank 0's TCP store, listening before anyone is told its port. A port picked free earlier
+    (`any_port`) may have been taken since: then the system picks another, and the workers are
+    told that one (`store.port`); a port the config names is not changed."""
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        return dist.TCPStore(address, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+    except dist.DistNetworkError as e:
+        if not any_port or "EADDRINUSE" not in str(e):
+            raise
+        return dist.TCPStore(address, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
+def group_on(store, rank: int, world_size: int, timeout_s: float):
+    return dist.ProcessGroupGloo(dist.PrefixStore("flashq-weights", store), rank, world_size, timedelta(seconds=timeout_s))
 
 
 def close_group(group) -> None:

@@ -35,6 +35,8 @@ from flashq.engine.gloo_group import (
     broadcast,
     close_group,
     dtype_from_name,
+    group_on,
+    host_store,
     nbytes,
     open_group,
     plan_buckets,
@@ -158,6 +160,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     timeout_s: float = 300.0
+    any_port: bool = False  # master_port was picked free, not configured: another will do if it was taken since
 
 
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
@@ -185,9 +188,11 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         engine = cls(client=client, source=source, is_sender=init_info.is_sender, bucket_bytes=init_info.bucket_bytes)
         if not engine.is_sender:
             return engine
+        store = host_store(init_info.master_address, init_info.master_port, init_info.world_size, init_info.timeout_s,
+                           init_info.any_port)
         worker_info = GlooWeightTransferInitInfo(
             master_address=init_info.master_address,
-            master_port=init_info.master_port,
+            master_port=store.port,
             rank_offset=1,
             world_size=init_info.world_size,
             bucket_bytes=init_info.bucket_bytes,
@@ -199,13 +204,11 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         pool = ThreadPoolExecutor(max_workers=2)
         try:
             rpc = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            opening = pool.submit(
-                open_group, init_info.master_address, init_info.master_port, 0, init_info.world_size, init_info.timeout_s
-            )
+            opening = pool.submit(group_on, store, 0, init_info.world_size, init_info.timeout_s)
             wait([rpc, opening], return_when=FIRST_EXCEPTION)
             if rpc.done() and rpc.exception() is not None:
                 raise rpc.exception()
-            engine.group, engine.store = opening.result()
+            engine.group, engine.store = opening.result(), store
             rpc.result()
         finally:
             pool.shutdown(wait=False)

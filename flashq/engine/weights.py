@@ -122,7 +122,7 @@ class WeightPusher:
             register()
             info = GlooTrainerInitInfo(
                 master_address=cfg.host, master_port=port, world_size=world_size, rank=rank,
-                bucket_bytes=cfg.bucket_mb << 20, timeout_s=cfg.timeout_s,
+                bucket_bytes=cfg.bucket_mb << 20, timeout_s=cfg.timeout_s, any_port=cfg.port == 0,
             )
         elif self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
