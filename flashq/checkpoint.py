@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from flashq.jsonl import fsync_dir
+from flashq.jsonl import fsync_path
 from flashq.protocol import RewardResult, Sample
 
 STATE_SCHEMA = 1
@@ -102,6 +102,15 @@ class DiskFull(OSError):
     """No space to write a checkpoint: resuming would hit the same wall, so the run stops."""
 
 
+def disk_full(tmp: Path, cause: BaseException | None = None) -> DiskFull:
+    """The error that stops the run, after removing the half-written checkpoint at `tmp` (it
+    may be what fills the disk)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    detail = f": {cause}" if cause is not None else ""
+    return DiskFull(errno.ENOSPC, f"no space left to write checkpoint {tmp} (free space on its disk, or lower "
+                                  f"trainer.keep_checkpoints){detail}")
+
+
 def is_disk_full(error: BaseException) -> bool:
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
@@ -153,12 +162,8 @@ def _torn_safetensors(file: Path) -> str | None:
 def fsync_tree(directory: Path) -> None:
     for folder, _, files in os.walk(directory):
         for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(folder))
+            fsync_path(Path(folder) / name)
+        fsync_path(Path(folder))
 
 
 def version_of(path: Path) -> int:
@@ -176,15 +181,13 @@ def complete(run_dir: Path, version: int, state: OrchestratorState, keep: int) -
         fsync_tree(tmp)
     except OSError as e:
         if is_disk_full(e):
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise DiskFull(e.errno, f"no space left to write checkpoint {tmp} (free space on its disk, or lower "
-                                    f"trainer.keep_checkpoints)") from e
+            raise disk_full(tmp) from e
         raise
     if why := problem(tmp):
         raise RuntimeError(f"checkpoint {tmp} does not read back: {why}")
     final = step_dir(run_dir, version)
     tmp.rename(final)
-    fsync_dir(final.parent)
+    fsync_path(final.parent)
     # only older ones: the trainer may already be writing a newer step-M.tmp
     old = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-") and version_of(p) < version)
     for p in old[: max(0, len(old) - (keep - 1))]:

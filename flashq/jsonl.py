@@ -57,13 +57,13 @@ def keep_records(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     return len(kept)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or a new file in `directory` survive a power loss."""
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Make a file's bytes, or a rename or new file in a directory, survive a power loss."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

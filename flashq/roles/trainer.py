@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flashq.checkpoint import DiskFull, is_disk_full, step_dir
+from flashq.checkpoint import DiskFull, disk_full, is_disk_full, step_dir
 from flashq.config import FlashqConfig
 from flashq.failed_batches import record_failure
 from flashq.jsonl import keep_records
@@ -334,9 +334,7 @@ def save_checkpoint(learner, tmp: Path, base_model) -> None:
     except Exception as e:
         if not is_disk_full(e):
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DiskFull(errno.ENOSPC, f"no space left to write checkpoint {tmp} (free space on its disk, or lower "
-                                     f"trainer.keep_checkpoints): {e}") from e
+        raise disk_full(tmp, e) from e
 
 
 def checkpoint_bytes(model) -> int:
