@@ -217,6 +217,8 @@ class Coordinator(StepMetrics):
 
     async def _receive(self, peer: str, msg: Message) -> None:
         try:
+            if peer not in self.peers:  # identities are the peer's choice: only the run's own roles are heard
+                raise ValueError("a peer that is none of this run's roles")
             if isinstance(msg, Hello):
                 await self._rejoin(peer, msg)
             elif peer not in self.alive and not isinstance(msg, Fatal):
@@ -259,8 +261,6 @@ class Coordinator(StepMetrics):
         elif isinstance(msg, WorkerStats):
             self.worker_stats[peer] = msg.metrics
         elif isinstance(msg, Fatal):
-            if peer not in self.peers:  # only the run's own roles can stop it
-                raise ValueError("Fatal from a peer that is none of this run's roles")
             if not (self.tolerant and peer in self.rollouts + self.rewards):
                 raise RoleFailed(f"{peer} failed: {msg.reason}")
             self._lose(peer, f"failed: {msg.reason[:200]}")
@@ -413,8 +413,6 @@ class Coordinator(StepMetrics):
     async def _stop_stale(self, peer: str, msg: Message) -> None:
         """A worker declared lost is still talking: its results were re-queued elsewhere, so
         reject them and tell it (once) to exit for a restart."""
-        if peer not in self.peers:  # a name no role of this run has: not a worker to restart
-            raise ValueError("a peer that is none of this run's roles")
         if peer not in self.told_to_restart:
             self.told_to_restart.add(peer)
             try:

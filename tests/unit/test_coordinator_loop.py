@@ -97,5 +97,5 @@ def test_peers_outside_the_run_cannot_stop_it_or_grow_its_books(tiny_model, tmp_
 
     rejected, told = asyncio.run(asyncio.wait_for(main(), 60))
     assert told == set()
-    assert rejected == {"Fatal from an unknown peer: Fatal from a peer that is none of this run's roles": 100,
+    assert rejected == {"Fatal from an unknown peer: a peer that is none of this run's roles": 100,
                         "Heartbeat from an unknown peer: a peer that is none of this run's roles": 100}
