@@ -35,14 +35,15 @@ def resume_config(cfg: FlashqConfig, which: str, overrides: list[str]) -> Flashq
     overrides it was started with, which the file does not."""
     from flashq import checkpoint
 
-    if which == "latest":
-        runs = sorted((p for p in cfg.log.root.glob(f"{cfg.name}-*") if checkpoint.latest(p)), key=lambda p: p.stat().st_mtime)
+    if which == "latest":  # each run's checkpoint is read back once (`checkpoint.latest` decodes its state)
+        runs = {p: ckpt for p in cfg.log.root.glob(f"{cfg.name}-*") if (ckpt := checkpoint.latest(p))}
         if not runs:
             raise ConfigError(f"--resume: no run of {cfg.name!r} with a complete checkpoint under {cfg.log.root}/")
-        run_dir = runs[-1]
+        run_dir = max(runs, key=lambda p: p.stat().st_mtime)
+        ckpt = runs[run_dir]
     else:
         run_dir = Path(which)
-    ckpt = checkpoint.latest(run_dir)
+        ckpt = checkpoint.latest(run_dir)
     if ckpt is None:
         raise ConfigError(f"--resume: {run_dir} holds no complete checkpoint")
     resumed = load_config(run_dir / "config.yaml", [*overrides, f"log.run_dir={run_dir}", "transport.port=0", f"resume_from={ckpt}"])

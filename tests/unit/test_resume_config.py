@@ -42,3 +42,18 @@ def test_what_may_change_does(stopped_run):
     # started with overrides the file lacks: resuming with the file alone is the run itself, not a change
     started = load_config(stopped_run / "config.yaml")
     assert resume_config(load_config(CONFIG, ["sampling.group_size=4"]), str(stopped_run), []).sampling.group_size == started.sampling.group_size
+
+
+def test_resume_latest_takes_the_newest_run_with_a_checkpoint_that_reads_back(stopped_run):
+    import os
+
+    older = stopped_run.parent / "quickstart-0"
+    older.mkdir()
+    dump_config(load_config(CONFIG, ["trainer.steps=10", f"log.run_dir={older}"]), older / "config.yaml")
+    trainer_half(older, 2)
+    complete(older, 2, state(2), keep=2)
+    os.utime(older, (1, 1))  # the older run
+    given = load_config(CONFIG, [f"log.root={stopped_run.parent}"])
+    assert resume_config(given, "latest", []).resume_from == stopped_run / "checkpoints" / "step-000004"
+    (stopped_run / "checkpoints" / "step-000004" / "coordinator.msgpack").write_bytes(b"")  # torn: that run has none
+    assert resume_config(given, "latest", []).resume_from == older / "checkpoints" / "step-000002"
