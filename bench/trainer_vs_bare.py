@@ -39,7 +39,7 @@ from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 CONFIG = ROOT / "configs" / "smollm2_arithmetic.yaml"
 
 
-def make_batch(cfg, model_path: Path, encode_prompt, vocab: int):
+def make_batch(cfg, encode_prompt, vocab: int):
     """4 groups x 8 of the example's prompts, seeded lengths and tokens, rewards 0/1 in each group."""
     from flashq.buffer import Group, pack_batch
     from flashq.data import training_tasks
@@ -140,7 +140,7 @@ def main() -> None:
     encoder = ChatEncoder(path, cfg.model.cache_dir)
     learner = Learner(cfg, path)
     vocab = learner.model.config.vocab_size
-    batch = make_batch(cfg, path, lambda task: encoder.encode(chat_messages(task, cfg.task.system_prompt)), vocab)
+    batch = make_batch(cfg, lambda task: encoder.encode(chat_messages(task, cfg.task.system_prompt)), vocab)
     tokens = int(len(batch.prompt_ids) + len(batch.response_ids))
     bare = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     bare.train()
