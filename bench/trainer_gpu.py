@@ -151,14 +151,17 @@ def shipped_child(a) -> dict:
 
 def measure(a, cfg, row: dict) -> dict:
     """Build the Learner, train one step, then time `a.steps` more (module docstring)."""
-    import msgspec
+    learner, batch, prompt_tokens, response_tokens = prepare(a, cfg, row)
+    return time_steps(a, learner, batch, prompt_tokens, response_tokens, row)
+
+
+def prepare(a, cfg, row: dict):
+    """The Learner (its load time in `row`) and one rank's batch, with how it splits."""
     import numpy as np
-    import torch
 
     from flashq.models.real_size import VOCAB_SIZE
     from flashq.trainer.learner import Learner
 
-    cuda = a.device == "cuda"
     t0 = time.monotonic()
     learner = Learner(cfg, a.model)
     row["load_s"] = time.monotonic() - t0
@@ -171,6 +174,16 @@ def measure(a, cfg, row: dict) -> dict:
     lens = np.diff(batch.prompt_offsets) + np.diff(batch.response_offsets)
     row["micro_batches"] = len(micros)
     row["largest_micro_batch_tokens"] = int(max(len(m) * lens[m].max() for m in micros))  # rows x longest: what it computes
+    return learner, batch, prompt_tokens, response_tokens
+
+
+def time_steps(a, learner, batch, prompt_tokens: int, response_tokens: int, row: dict) -> dict:
+    """One untimed step (gradients and Adam state come to exist), then `a.steps` timed ones."""
+    import msgspec
+    import numpy as np
+    import torch
+
+    cuda = a.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""Real-size checkpoints with random weights: Qwen2.5-0.5B's (or 1.5B's) published architecture, made offline.
+"""Real-size checkpoints with random weights: Qwen2.5-0.5B's, 1.5B's or 7B's published architecture, made offline.
 
 The tiny model (flashq/models/tiny.py) is what the tests train, but memory and time at its size say
 nothing about a real model: the 151,936-token vocabulary alone makes a [tokens x vocab] float32
@@ -35,6 +35,11 @@ PRESETS: dict[str, dict] = {
                          intermediate_size=4864, **_COMMON),
     "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                          intermediate_size=8960, **_COMMON),
+    "qwen2.5-7b": dict(_COMMON, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+    # the same architecture at toy width: smoke runs of the GPU scripts on a CPU, in seconds
+    "qwen2-smoke": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=128, **_COMMON),
 }
 MARKER = "flashq_real_size.json"
 

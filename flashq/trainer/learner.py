@@ -95,7 +95,10 @@ class Learner(MicroBatching):
         if tc.loss.kl_coef > 0 and tc.lora is None:  # with LoRA the reference is the base: the adapter switched off
             self.reference = self._policy_model(reference_path or model_path).eval().requires_grad_(False)
         trained = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(decay_groups(trained, tc.weight_decay, tc.weight_decay_scope), lr=tc.lr)
+        # fused on a GPU: one kernel for the whole update and no full-size temporaries (foreach's
+        # build one the size of the parameters: 30 GB at 7B in float32)
+        self.optimizer = torch.optim.AdamW(decay_groups(trained, tc.weight_decay, tc.weight_decay_scope), lr=tc.lr,
+                                           fused=self.device.type == "cuda" or None)
         self.version = 0
         self.updated = UpdateFence(self.device)  # a push waits on it: the step's updates are on the device
         self.nonfinite_in_row = 0  # batches skipped for a non-finite gradient since one was applied

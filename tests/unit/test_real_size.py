@@ -16,14 +16,18 @@ def test_preset_configs_match_published_shapes():
     assert str(c.dtype).endswith("bfloat16")
     c = build_config(RealSizeSpec("qwen2.5-1.5b", num_hidden_layers=2))
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size) == (1536, 2, 12, 8960)
-    assert set(PRESETS) == {"qwen2.5-0.5b", "qwen2.5-1.5b"}
+    c = build_config(RealSizeSpec("qwen2.5-7b"))
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size) == (
+        3584, 28, 28, 4, 18944)
+    assert c.vocab_size == 152064 and not c.tie_word_embeddings  # 7B unties its head; its tokenizer stays 151,936
+    assert set(PRESETS) == {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2-smoke"}
 
 
 def test_spec_fingerprint_and_validation():
     assert RealSizeSpec().fingerprint() != RealSizeSpec(num_hidden_layers=2).fingerprint()
     assert RealSizeSpec().dir_name() != RealSizeSpec(seed=1).dir_name()
     with pytest.raises(ValueError):
-        RealSizeSpec("qwen2.5-7b")
+        RealSizeSpec("qwen2.5-72b")
 
 
 def test_padded_vocab_is_distinct_and_dense():
