@@ -58,6 +58,7 @@ BOUNDS = {
     **{f"job_{j}_final_reward_gap_vs_trl": (f"job_{j}_final_reward_gap_bound", "<=") for j in "ab"},
     **{k: (f"{k}_bound", "<=") for k in ("adapter_push_bytes_vs_full", "trainer_peak_memory_vs_full", "lora_wall_minutes")},
     "trainer_tokens_per_s_vs_bare_hf": ("trainer_tokens_per_s_vs_bare_hf_bound", ">="),  # bench/trainer_vs_bare.py
+    "trainer_mfu_1_5b": ("trainer_mfu_1_5b_bound", ">="),  # bench/gpu_check.py
     **{k: (f"{k}_bound", ">=") for k in ("lora_reward_gain", "reward_gain", "episodes_per_s_vs_native_env",
                                           "steps_at_0_5b", "weight_sync_vs_raw_broadcast")},
     "peak_memory_vs_naive": ("bound", "<="),
@@ -175,6 +176,15 @@ def trainer_gpu(d: dict) -> str:
             f"{'out of memory' if not naive['fits'] else 'fits'}), {ours['step_s']:.1f} s a step")
 
 
+def gpu_check(d: dict) -> str:
+    f = d["figures"]
+    bound, met = verdict(d, "trainer_mfu_1_5b")
+    return (f"one {f['gpu'].split()[1]}: Qwen2.5-1.5B {f['step_1_5b_s']:.1f} s a step, {f['step_1_5b_model_tflops']:.0f} model "
+            f"TFLOP/s, MFU {f['trainer_mfu_1_5b']:.0%} (bound ≥ {float(bound):.0%}: {met}); Qwen2.5-7B with float32 masters "
+            f"{'fits' if f['step_7b_fits'] else 'does not fit'} ({f['step_7b_peak_allocated_gib']:.1f} GiB); "
+            f"{f['race_fenced_trials_stale']} stale pushes of {f['race_trials_per_mode']} fenced")
+
+
 def trainer_scale(d: dict) -> str:
     f = d["figures"]
     (peak_bound, peak), (push_bound, push) = (verdict(d, k, "meets")
@@ -231,6 +241,8 @@ ENTRIES = {e.result: e for e in [
         "{retokenized_tokens} of {millions:.1f} M sampled tokens retokenized", millions=lambda f: f["tokens_checked"] / 1e6)),
     Entry("LoRA", "lora", "lora", "LoRA rank 16 against full fine-tuning", lora),
     Entry("trainer on a GPU", "trainer_gpu", "trainer_gpu", "trainer steps at a real model's size on one GPU", trainer_gpu),
+    Entry("device check", "gpu_check", "gpu_check", "the trainer on one GPU at 1.5B and 7B: speed, memory, MFU, push race",
+          gpu_check),
     Entry("trainer scale", "trainer_scale", "trainer_scale", "the trainer and loop at a real model's size on a CPU", trainer_scale),
     Entry("chaos", "chaos", "chaos", "killed roles, a rogue peer, poison requests", chaos),
     Entry("fuzz", "fuzz", "fuzz", "hostile frames against a live hub", fuzz),

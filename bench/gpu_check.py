@@ -6,7 +6,8 @@ section alone) under a time limit cut to what is left of `--budget-s`:
 
   ceiling      a bf16 8192^3 matrix product: the rate model FLOP/s are compared with, beside the datasheet's
   step-1.5b    Qwen2.5-1.5B's architecture (random weights, built on the device), flashq's `Learner.train_step`
-               as the 1.5B configs run it (float32 masters, bf16 compute, checkpointing, 16k-token micro-batches)
+               as the 1.5B configs run it (float32 masters, bf16 compute, checkpointing, 16k-token micro-batches
+               filled at 2,048 tokens of overhead a pass)
                on one rank's 256 samples: step time, peak memory, model TFLOP/s and MFU; then one step under
                torch.profiler: how busy the GPU was, the top kernels, the host syncs
   race         issue 53 item 2: right after `train_step` returns, the parameters cast to bf16 on a side stream
@@ -99,6 +100,7 @@ def learner_config(s: SimpleNamespace, *extra: str):
     return load_config(None, [
         f"model.name={s.model or 'built-on-device'}", f"trainer.device={s.device}", "trainer.param_dtype=float32",
         "trainer.compute_dtype=bfloat16", "trainer.gradient_checkpointing=true", "trainer.micro_batch_tokens=16384",
+        "trainer.micro_batch_overhead_tokens=2048",  # the GPU configs' (the CPU default 128 splits into 31 passes)
         f"sampling.max_tokens={s.max_tokens}", f"sampling.group_size={s.group_size}", f"trainer.batch_groups={s.groups}",
         "trainer.lr=1e-6", "trainer.loss.policy=ppo", "trainer.loss.correction=tis_token",
         f"rollout.max_model_len={s.max_tokens + 256}", "trainer.share_prompts=false", *extra,
@@ -372,7 +374,7 @@ def main() -> None:
         if limit < 20:
             rows[section] = {"section": section, "ok": False, "error": f"not run: {left:.0f}s of the budget left"}
             continue
-        rows[section] = run_section(a, section, limit)
+        rows[section] = {**run_section(a, section, limit), "git_commit": git_commit()}
         print(json.dumps(rows[section]), flush=True)
         if a.save:  # as it goes: what a device's time limit cuts short is kept
             a.save.write_text(json.dumps({"figures": figures_of(rows), "rows": rows}, indent=1))
@@ -385,8 +387,6 @@ def main() -> None:
     if a.save:
         a.save.write_text(json.dumps({"figures": figures, "rows": rows}, indent=1))
     if a.out != "none":
-        for r in rows.values():
-            r["git_commit"] = git_commit()
         print(f"wrote {write_result(a.out, list(rows.values()), keep_earlier(a.out, figures))}")
     if a.smoke and figures["sections_failed"]:
         raise SystemExit(f"sections failed: {figures['sections_failed']}")
