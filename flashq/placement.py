@@ -100,3 +100,16 @@ def check_cpus(cfg: FlashqConfig) -> None:
 
 def pin(cpus: list[int]):
     return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
+def lower_priority(nice: int) -> None:
+    """Set every thread of this process to niceness `nice` (Linux keeps it per thread; threads and
+    processes started later inherit their creator's). Before the engine starts, so it inherits."""
+    if nice <= 0:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:  # never raised: that needs privileges
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass

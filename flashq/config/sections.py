@@ -365,6 +365,11 @@ class PlacementConfig(Section):
         default_factory=list, description="Cores for the rollout worker's own process once its engine has started (vLLM's "
         "frontend, the agent endpoint, agents and environments); the engine's processes keep `rollout`. Empty: `rollout`."
     )
+    rollout_nice: int = Field(
+        0, ge=0, le=19, description="Scheduling niceness of the rollout workers and their engines (Linux nice, 0-19). At 19 "
+        "on a CPU, generation yields the cores to the trainer while it computes and takes them all while it waits: turns "
+        "without a protocol, for an engine and a trainer that each use every core (rollout.omp_threads, trainer.threads)."
+    )
     rollout_gpus: list[int] = Field(
         default_factory=list, description="CUDA devices of the rollout workers, tensor_parallel_size consecutive ones each."
     )

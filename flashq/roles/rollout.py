@@ -18,6 +18,7 @@ import time
 from flashq.config import FlashqConfig
 from flashq.metrics import BusyClock
 from flashq.engine.vllm_engine import RolloutEngine, prepare_engine_process
+from flashq.placement import lower_priority
 from flashq.protocol import (
     Cancel,
     EpisodeRequest,
@@ -73,6 +74,7 @@ class RolloutWorker:
         self.episode_counts = {"episodes": 0, "episodes_failed": 0, "episodes_cancelled": 0, "env_s": 0.0}
 
     async def run(self) -> None:
+        lower_priority(self.cfg.placement.rollout_nice)  # the engine processes inherit it
         prepare_engine_process(self.cfg)  # before vLLM's import below
         from vllm.platforms import current_platform
 

@@ -3,6 +3,8 @@ by name (at load for the devices placement names, at launch for the ones it leav
 with GPUs visible and no placement every role gets its own devices, instead of every engine
 and the trainer landing on cuda:0 where NCCL refuses two ranks of one group."""
 
+import os
+
 import pytest
 
 from flashq.config import ConfigError, load_config
@@ -52,3 +54,31 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
     assert visible_gpus() == 3
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == 0
+
+
+def test_rollout_nice_reaches_every_thread_and_the_processes_started_after():
+    """placement.rollout_nice: Linux keeps niceness per thread, so a thread started before (zmq's,
+    say) must be set too, and an engine process started after must inherit it. In a child process:
+    this one's priority stays as it is."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os, threading
+        from flashq.placement import lower_priority
+        stop = threading.Event()
+        early = threading.Thread(target=stop.wait); early.start()
+        lower_priority(7)
+        late = threading.Thread(target=stop.wait); late.start()
+        nices = [os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")]
+        child = os.fork()
+        if child == 0:
+            os._exit(os.getpriority(os.PRIO_PROCESS, 0))
+        _, status = os.waitpid(child, 0)
+        stop.set(); early.join(); late.join()
+        print(len(nices), sorted(set(nices)), os.waitstatus_to_exitcode(status))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(maxsplit=1)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert out[0] == "3" and out[1].strip() == f"[{max(base, 7)}] {max(base, 7)}"
