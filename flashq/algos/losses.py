@@ -142,8 +142,10 @@ def policy_loss(
     kl_coef: float = 0.0,
     mask_low: float = 0.5,
     mask_high: float = 2.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """All tensors are [sequences, tokens]; `mask` is 1 on response tokens."""
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """All tensors are [sequences, tokens]; `mask` is 1 on response tokens. The statistics stay
+    0-dim tensors on the loss's device: reading each back would stall a GPU once per statistic
+    and micro-batch (the trainer reads them all at once per minibatch)."""
     mask = mask.to(logp.dtype)
     ratio = None
     if policy == "ppo":
@@ -171,15 +173,15 @@ def policy_loss(
         n = mask.sum().clamp(min=1)
         raw_is = torch.exp((prox_logp - behav_logp) * mask)
         stats = {
-            "is_weight_mean": float((weight * mask).sum() / n),
-            "is_truncated_frac": float(((raw_is > is_cap).to(mask.dtype) * mask).sum() / n),
-            "masked_frac": float(((weight == 0).to(mask.dtype) * mask).sum() / n),
-            "behav_kl": float(((behav_logp - prox_logp) * mask).sum() / n),
-            "tokens": float(mask.sum()),
+            "is_weight_mean": (weight * mask).sum() / n,
+            "is_truncated_frac": ((raw_is > is_cap).to(mask.dtype) * mask).sum() / n,
+            "masked_frac": ((weight == 0).to(mask.dtype) * mask).sum() / n,
+            "behav_kl": ((behav_logp - prox_logp) * mask).sum() / n,
+            "tokens": mask.sum(),
         }
         if ratio is not None:
             outside = (ratio < 1 - eps_low) | (ratio > 1 + eps_high)
-            stats["clip_frac"] = float((outside.to(mask.dtype) * mask).sum() / n)
+            stats["clip_frac"] = (outside.to(mask.dtype) * mask).sum() / n
         if kl is not None:
-            stats["ref_kl"] = float((kl * mask).sum() / n)
+            stats["ref_kl"] = (kl * mask).sum() / n
     return loss, stats

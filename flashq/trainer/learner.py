@@ -287,15 +287,18 @@ class Learner(MicroBatching):
                     mask_high=lc.mask_high,
                 )
                 (loss * world).backward()
-                loss_sum += loss.item()
-                tokens = stats.pop("tokens")
-                stats["entropy"] = float((entropy * m.mask).sum()) / max(tokens, 1)
-                # token-weighted over the whole batch: the shares of all minibatches add up to 1. A
-                # rank's padding micro-batch has no tokens; it adds zeros under the same names, so
-                # every rank sums the same keys
-                share = tokens / max(float(resp_lens.sum()), 1.0)
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + (v * share if tokens > 0 else 0.0)
+                # the statistics are summed on the device and read back once, after the batch: a read
+                # per statistic and micro-batch stalled a GPU ~19 times a pass (bench/gpu_check.py)
+                with torch.no_grad():
+                    loss_sum = loss_sum + loss.detach().double()
+                    tokens = stats.pop("tokens")
+                    stats["entropy"] = (entropy * m.mask).sum().double() / tokens.clamp(min=1)
+                    # token-weighted over the whole batch: the shares of all minibatches add up to 1. A
+                    # rank's padding micro-batch has no tokens; it adds zeros under the same names, so
+                    # every rank sums the same keys
+                    share = tokens.double() / max(float(resp_lens.sum()), 1.0)
+                    for k, v in stats.items():
+                        totals[k] = totals.get(k, 0.0) + torch.where(tokens > 0, v.double() * share, 0.0)
             grad_norm = parallel.scalar(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip))
             if not np.isfinite(grad_norm):
                 # the rest of this batch is skipped, not retried: the same batch would give the same
@@ -320,6 +323,8 @@ class Learner(MicroBatching):
         if not skipped:
             self.nonfinite_in_row = 0
         self.updated.mark()
+        totals = to_host({**totals, **{f"_loss{i}": v for i, v in enumerate(losses)}})
+        losses = [totals.pop(f"_loss{i}") for i in range(len(losses))]
         totals = parallel.all_reduce_sum({**totals, "_loss": float(np.mean(losses)) if losses else 0.0}, self.ranks)
         self.version += 1
         return {
@@ -376,6 +381,13 @@ class Learner(MicroBatching):
             parallel.load_optimizer(self.model, self.optimizer, directory / "optimizer")
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
+
+
+def to_host(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """Device scalars as Python floats, read back in one transfer."""
+    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    read = torch.stack([values[k].double() for k in keys]).tolist() if keys else []
+    return {**values, **dict(zip(keys, read))}
 
 
 def decay_groups(params: list[torch.nn.Parameter], weight_decay: float, scope: str) -> list[dict]:

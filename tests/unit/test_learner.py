@@ -278,3 +278,26 @@ def test_weight_decay_reaches_the_parameters_its_scope_names(tiny_model, scope):
     for n, p in params.items():
         factor = 1.0 if scope == "matrices" and p.ndim < 2 else 0.9
         torch.testing.assert_close(p.detach(), before[n] * factor, msg=f"{n} ({scope})")
+
+
+def test_reads_to_the_host_do_not_grow_with_the_micro_batches(tiny_model, monkeypatch):
+    """On a GPU each read of a device scalar stalls the host until the device catches up; the device
+    check counted ~19 a micro-batch. The loss's statistics are summed on the device and read once per
+    batch: a step split into many micro-batches reads the host as often as one in a single pass. (The
+    logprob head still indexes by a mask once a forward, and so do shared prompt passes.)"""
+    batch_of = lambda learner: make_batch(learner, [1, 0, 0, 1, 1, 0], lengths=[10, 12, 14, 16, 18, 20])  # noqa: E731
+    common = ["trainer.loss.kl_coef=0.01", "trainer.share_prompts=false"]
+    one = Learner(load_config(None, common), tiny_model)
+    many = Learner(load_config(None, [*common, "trainer.micro_batch_tokens=64"]), tiny_model)
+    batch = batch_of(one)
+    assert len(one._micro_batches(batch, np.arange(6))) == 1 and len(many._micro_batches(batch, np.arange(6))) >= 3
+    reads = []
+    for name in ("item", "tolist", "__float__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: reads.append(_n) or _o(self, *a))
+    counts = []
+    for learner in (one, many):
+        reads.clear()
+        learner.train_step(batch)
+        counts.append(len(reads))
+    assert counts[0] == counts[1], counts
