@@ -143,7 +143,7 @@ def shipped_child(a) -> dict:
                                     "placement.trainer_gpus=[]", "placement.rollout_gpus=[]"])
     tc = cfg.trainer
     row = {"label": f"shipped:{cfg.name}", "path": "flashq", "config": str(a.shipped), "micro_batch_tokens": tc.micro_batch_tokens,
-           "micro_batch_overhead_tokens": tc.micro_batch_overhead_tokens, "grad_ckpt": tc.gradient_checkpointing,
+           "grad_ckpt": tc.gradient_checkpointing,
            "param_dtype": tc.param_dtype, "compute_dtype": tc.compute_dtype, "minibatches": tc.minibatches,
            "kl_coef": tc.loss.kl_coef, "share_prompts_config": tc.share_prompts}
     return measure(a, cfg, row)
@@ -165,6 +165,7 @@ def prepare(a, cfg, row: dict):
     t0 = time.monotonic()
     learner = Learner(cfg, a.model)
     row["load_s"] = time.monotonic() - t0
+    row["micro_batch_overhead_tokens"] = learner.micro_batch_overhead_tokens  # the device's default where unset
     row["share_prompts"] = learner.share_prompts
     row["params"] = sum(p.numel() for p in learner.model.parameters())
     batch, prompt_tokens, response_tokens = make_batch(a, VOCAB_SIZE)

@@ -115,10 +115,11 @@ class TrainerConfig(Section):
     dist_backend: Literal["auto", "nccl", "gloo"] = Field("auto", description='Between trainer ranks; "auto": nccl with CUDA, gloo otherwise.')
     dist_timeout_s: float = Field(3600.0, gt=0, description="Longest a rank waits in a collective (e.g. for the next batch).")
     micro_batch_tokens: int = Field(16384, ge=64, description="Tokens (padding or packed rows' tails included) per forward/backward chunk.")
-    micro_batch_overhead_tokens: int = Field(
-        128, ge=0, description="A forward/backward's fixed cost, in tokens' worth of compute: batches are split by length into "
+    micro_batch_overhead_tokens: int | None = Field(
+        None, ge=0, description="A forward/backward's fixed cost, in tokens' worth of compute: batches are split by length into "
         "micro-batches where the padding saved is worth more (the tiny model on one CPU thread: 4 ms a pass against 0.05 ms a "
-        "token, so about 100; a large model on a GPU: thousands)."
+        "token, so about 100; a large model on a GPU: thousands). None: 128 on a CPU, 2,048 on a GPU (a 1.5B step on an "
+        "H100 took 6.6 s at 2,048 against 9.6 s at 128)."
     )
     param_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Master weights and optimizer state. bfloat16 loses small updates (lr 1e-6 on |w| 0.02 rounds away)."

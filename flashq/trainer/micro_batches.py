@@ -43,7 +43,15 @@ class MicroBatch:
         return self.packed.computed_tokens if self.packed is not None else int(self.ids.numel())
 
 
+DEFAULT_OVERHEAD_TOKENS = {"cpu": 128, "cuda": 2048}  # trainer.micro_batch_overhead_tokens: None
+
+
 class MicroBatching:
+    @property
+    def micro_batch_overhead_tokens(self) -> int:
+        configured = self.cfg.trainer.micro_batch_overhead_tokens
+        return configured if configured is not None else DEFAULT_OVERHEAD_TOKENS.get(self.device.type, 128)
+
     def _minibatches(self, n_seq: int) -> list[np.ndarray]:
         k = min(self.cfg.trainer.minibatches, max(n_seq, 1))
         return [part for part in np.array_split(np.arange(n_seq), k) if len(part)]
@@ -82,7 +90,7 @@ class MicroBatching:
         and shared prompt passes are split by length (`length_chunks`), packed rows fill rows as
         long as the longest of `indices`, first-fit."""
         po, ro = batch.prompt_offsets, batch.response_offsets
-        overhead, budget = self.cfg.trainer.micro_batch_overhead_tokens, self.cfg.trainer.micro_batch_tokens
+        overhead, budget = self.micro_batch_overhead_tokens, self.cfg.trainer.micro_batch_tokens
         if self.share_prompts:
             _, prompt_of = distinct_prompts([batch.prompt_ids[po[i] : po[i + 1]] for i in indices])
             return [indices[c] for c in length_chunks(np.diff(ro)[indices], overhead, budget, np.diff(po)[indices], prompt_of)]
