@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import print_table, write_result  # noqa: E402
 from bench.fuzz import blast  # noqa: E402
+from flashq.credentials import RunCredentials  # noqa: E402
 
 RUN = [
     "async_ratio=2", "model.name=tiny", "sft.warm_start=false", "placement={}",
@@ -79,7 +80,8 @@ class LaunchedRun:
                     self.rogues.append(subprocess.Popen(
                         [sys.executable, "bench/rogue.py", str(self.run_dir / "config.yaml"), address, "reward-2",
                          str(self.run_dir.parent / f"{self.run_dir.name}.rogue{n}.json")],
-                        cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
+                        cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                                           FLASHQ_ROLE_TOKEN=RunCredentials.load(self.run_dir).token("reward-2")),
                         stdout=(self.run_dir.parent / f"{self.run_dir.name}.rogue{n}.out").open("w"), stderr=subprocess.STDOUT))
                 if m := PID_LINE.search(line):
                     self.pids[m.group(1)] = int(m.group(2))

@@ -78,6 +78,10 @@ def _parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParse
     keys = sub.add_parser("keys", help="make CurveZMQ keys for transport.curve_keys (copy the directory to every host)")
     keys.add_argument("directory", type=Path, help="a new (or empty) directory to make the keys in")
 
+    token = sub.add_parser("token", help="print a role's credential, for a role started by hand (FLASHQ_ROLE_TOKEN)")
+    token.add_argument("name", help="trainer | rollout-N | reward-N")
+    token.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run's directory (holds credentials.key)")
+
     role = sub.add_parser("role", help="start one role of a run")
     role.add_argument("name", help="coordinator | trainer | rollout-N | reward-N")
     role.add_argument("--config", type=Path, required=True, metavar="FILE", help="the run's resolved config (<run_dir>/config.yaml)")
@@ -121,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.directory.exists() and any(args.directory.iterdir()):
                 raise ConfigError(f"{args.directory} is not empty; keys are made into a new directory")
             print(f"CurveZMQ keys in {make_keys(args.directory)}; set transport.curve_keys to it on every host")
+            return 0
+        if args.command == "token":
+            from flashq.credentials import RunCredentials
+
+            try:
+                print(RunCredentials.load(args.run_dir).token(args.name))
+            except (FileNotFoundError, ValueError) as e:
+                raise ConfigError(str(e)) from None
             return 0
         if args.command == "report":
             from flashq.report import write_report

@@ -30,6 +30,7 @@ import yaml
 
 from flashq.checkpoint import EXIT_DISK_FULL
 from flashq.config import ConfigError, FlashqConfig, dump_config, role_view
+from flashq.credentials import TOKEN_ENV, RunCredentials
 from flashq.placement import check_cpus, cuda_devices, pin, place_gpus, visible_gpus
 
 RESUME = -1  # _run_roles: the trainer or coordinator died; resume from the newest checkpoint
@@ -114,12 +115,16 @@ def address_of(cfg: FlashqConfig) -> str:
     return f"tcp://{cfg.transport.host}:{cfg.transport.port}"
 
 
-def role_specs(cfg: FlashqConfig, config_file: Path) -> list[RoleProcess]:
+def role_specs(cfg: FlashqConfig, config_file: Path, credentials: RunCredentials | None = None) -> list[RoleProcess]:
+    """Each role's command and environment; with `credentials`, each role's own token in it."""
     run_dir = cfg.log.run_dir
     specs = []
     for i, role in enumerate(cfg.role_names()):
         env = dict(os.environ)
+        env.pop(TOKEN_ENV, None)
         env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL=cfg.log.vllm_level)
+        if credentials is not None and role != "coordinator":
+            env[TOKEN_ENV] = credentials.token(role)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         if role.startswith("rollout-"):
             env.setdefault("OMP_NUM_THREADS", str(cfg.rollout.omp_threads))
@@ -259,11 +264,12 @@ class Launcher:
             self.say(f"ray: {self.ray.describe()}")
         dump_config(self.cfg, config_file)
         resolve_model(self.cfg)  # fetched before the first start; a model gone since fails here, before the roles
-        specs = role_specs(self.cfg, config_file)
+        specs = role_specs(self.cfg, config_file, RunCredentials.ensure(self.run_dir))
         self.roles = [r for r in specs if r.name not in self.external]
         for r in specs:
             if r.name in self.external:
-                self.say(f"start {r.name} yourself: {' '.join(r.cmd)}")
+                token = f"{TOKEN_ENV}=$({sys.executable} -m flashq.cli token {r.name} --run-dir {self.run_dir})"
+                self.say(f"start {r.name} yourself: {token} {' '.join(r.cmd)}")
         loop = asyncio.get_running_loop()
         interrupted = asyncio.Event()
         loop.add_signal_handler(signal.SIGINT, interrupted.set)

@@ -61,6 +61,7 @@ class Hello(Msg, tag="hello"):
     host: str
     engine_ranks: int = 0  # rollout: how many inference ranks join the weight-transfer group
     rendezvous: str = ""  # trainer: "host:port" where it hosts the weight-transfer group
+    token: str = ""  # the role's credential (flashq/credentials.py): the hub hears it only with the right one
 
 
 class Start(Msg, tag="start"):

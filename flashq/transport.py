@@ -15,7 +15,11 @@ ROUTER's default.
 Security: sockets bind to loopback unless configured otherwise. Between hosts, `curve_keys` (a
 directory made by `flashq keys`) turns on CurveZMQ: traffic is encrypted, and the hub admits only
 peers holding a client key from that directory (a ZAP authenticator checks each handshake); a
-peer without one never gets a frame through.
+peer without one never gets a frame through. Names are proven, not claimed: each link connects
+under its role's name and a random suffix (so no two connections share a ZeroMQ identity), and a
+hub given `credentials` hears a connection only once its `Hello` carried the name's token
+(flashq/credentials.py); the name is then routed to that connection alone, until a newer one
+proves the same name (a restarted role). Everything else sent under a name is refused, counted.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -32,7 +37,7 @@ import zmq.asyncio
 import zmq.auth
 
 from flashq.codec import BUNDLE_BYTES, MAX_BUNDLE, Decoder, Encoder, RejectedFrame, frames_nbytes, pack, unpack
-from flashq.protocol import Message
+from flashq.protocol import Hello, Message
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +121,12 @@ def _reason_key(reason: str, counted: Counter[str]) -> str:
 
 
 def _peer_name(raw: bytes) -> str:
-    """Roles set printable identities; anything else (a stray socket) is shown in hex."""
+    """A link's identity is its role's name, '#', and a random suffix; anything unprintable (a
+    stray socket) is shown in hex."""
     try:
         name = raw.decode()
         if name.isprintable():
-            return name
+            return name.split("#", 1)[0]
     except UnicodeDecodeError:
         pass
     return "0x" + raw.hex()
@@ -129,13 +135,17 @@ def _peer_name(raw: bytes) -> str:
 class Hub:
     """The coordinator's ROUTER: receives from and sends to named peers."""
 
-    def __init__(self, address: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30, curve_keys: Path | None = None):
+    def __init__(self, address: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30, curve_keys: Path | None = None,
+                 credentials=None):
+        """`credentials`: what checks a name's token (`RunCredentials`); None hears any connection
+        under the name it claims, the newest being the one sent to (tests, benchmarks)."""
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.hwm = hwm
         _configure(self.sock, hwm, max_message_bytes)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted role takes over its name
+        self.credentials = credentials
+        self.routes: dict[str, bytes] = {}  # name -> the connection it is sent to (the last to prove it)
         self.auth = None
         if curve_keys is not None:
             from zmq.auth.asyncio import AsyncioAuthenticator
@@ -174,8 +184,11 @@ class Hub:
             await self._send_frames(peer, pack(bundle))
 
     async def _send_frames(self, peer: str, frames: list) -> None:
+        route = self.routes.get(peer)
+        if route is None:
+            raise PeerLost(f"{peer} is not connected")
         try:
-            await self.sock.send_multipart([peer.encode(), *frames], copy=False, flags=zmq.DONTWAIT)
+            await self.sock.send_multipart([route, *frames], copy=False, flags=zmq.DONTWAIT)
         except zmq.Again:
             raise PeerLost(f"{peer} is not reading: its queue of {self.hwm} messages is full") from None
         except zmq.ZMQError as e:
@@ -202,14 +215,34 @@ class Hub:
         return self.inbox.popleft() if self.inbox else None
 
     def _take(self, message: list) -> None:
-        """One received ZeroMQ message: its sender is seen now, its valid messages join the inbox."""
+        """One received ZeroMQ message: its valid messages from a connection that proved its name
+        join the inbox, and that name is seen now."""
         ident, *frames = message
-        peer = _peer_name(bytes(ident.buffer))
+        route = bytes(ident.buffer)
+        peer = _peer_name(route)
+        admitted = [m for m in self.codec.decode_all(peer, frames) if self._admit(peer, route, m)]
+        if not admitted:
+            return
         self.last_seen.pop(peer, None)  # re-inserted last: the map runs from least to most recently seen
         self.last_seen[peer] = time.monotonic()
         if len(self.last_seen) > MAX_PEERS_SEEN:
             del self.last_seen[next(iter(self.last_seen))]
-        self.inbox.extend((peer, m) for m in self.codec.decode_all(peer, frames))
+        self.inbox.extend((peer, m) for m in admitted)
+
+    def _admit(self, peer: str, route: bytes, msg: Message) -> bool:
+        """Whether `msg` is heard: from the connection `peer` is routed to, or a hello proving the
+        name (which routes it here). Without credentials the newest connection under a name is it."""
+        if self.credentials is None or (isinstance(msg, Hello) and self.credentials.verify(peer, msg.token)):
+            self.routes.pop(peer, None)
+            self.routes[peer] = route
+            if len(self.routes) > MAX_PEERS_SEEN:
+                del self.routes[next(iter(self.routes))]
+            return True
+        if self.routes.get(peer) == route:
+            return True
+        why = "hello with a wrong credential" if isinstance(msg, Hello) else "from a connection that has not proven its name"
+        self.codec.reject(peer, RejectedFrame(f"{why}: {type(msg).__name__} as {peer}"))
+        return False
 
     @property
     def rejected(self) -> Counter[str]:
@@ -233,7 +266,7 @@ class Link:
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         _configure(self.sock, hwm, max_message_bytes)
-        self.sock.setsockopt(zmq.IDENTITY, identity.encode())
+        self.sock.setsockopt(zmq.IDENTITY, f"{identity}#{secrets.token_hex(4)}".encode())  # its own, even beside a stale one
         if curve_keys is not None:
             self.sock.curve_serverkey = _load(curve_keys, "server.key")[0]
             self.sock.curve_publickey, self.sock.curve_secretkey = _load(curve_keys, "client.key_secret")

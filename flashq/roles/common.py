@@ -15,6 +15,7 @@ from typing import Awaitable, Callable, NoReturn
 
 from flashq.checkpoint import EXIT_DISK_FULL, is_disk_full
 from flashq.config import FlashqConfig
+from flashq.credentials import TOKEN_ENV, own_token
 from flashq.protocol import Fatal, Heartbeat, Hello, Start
 from flashq.transport import Link, PeerLost
 
@@ -60,15 +61,18 @@ def connect(cfg: FlashqConfig, address: str, role: str) -> Link:
 async def handshake(link: Link, cfg: FlashqConfig, hello: Hello) -> Start:
     await link.send(hello)
     while True:
-        msg = await link.recv_within(cfg.transport.startup_timeout_s, "start message")
+        msg = await link.recv_within(cfg.transport.startup_timeout_s, "start message (the coordinator hears a role only "
+                                     f"with its credential: was it given one? {TOKEN_ENV}, `flashq token ROLE --run-dir DIR`)")
         if isinstance(msg, Start):
             return msg
         if not isinstance(msg, Heartbeat):
             raise RuntimeError(f"expected the start message, got {type(msg).__name__}")
 
 
-def hello(role: str, **kw) -> Hello:
-    return Hello(role=role.split("-")[0], index=role_index(role), pid=os.getpid(), host=socket.gethostname(), **kw)
+def hello(role: str, token: str | None = None, **kw) -> Hello:
+    """`token`: the role's credential; by default the one this process was given (FLASHQ_ROLE_TOKEN)."""
+    return Hello(role=role.split("-")[0], index=role_index(role), pid=os.getpid(), host=socket.gethostname(),
+                 token=own_token() if token is None else token, **kw)
 
 
 async def heartbeat(link: Link, cfg: FlashqConfig) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from flashq import checkpoint
 from flashq.config import ROLE_SECTIONS, FlashqConfig
+from flashq.credentials import RunCredentials
 from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.data.chat_encoder import ChatEncoder
 from flashq.failed_batches import suspects
@@ -108,8 +109,12 @@ class Coordinator(StepMetrics):
 
     async def run(self) -> None:
         t = self.cfg.transport
-        self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=self.cfg.message_limit_bytes, curve_keys=t.curve_keys)
+        self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=self.cfg.message_limit_bytes, curve_keys=t.curve_keys,
+                       credentials=RunCredentials.ensure(self.run_dir))  # a role is heard once it proves its name
         log.info("coordinator listening on %s", self.hub.address)
+        if t.curve_keys is None and t.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("the coordinator listens on %s without CurveZMQ: messages and role credentials cross the network "
+                        "unencrypted; set transport.curve_keys (`flashq keys DIR`)", t.host)
         encoder = ChatEncoder(resolve_model(self.cfg), self.cfg.model.cache_dir)
         system_prompt = self.cfg.task.system_prompt
 

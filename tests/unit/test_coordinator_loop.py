@@ -5,9 +5,11 @@ hub, metrics) in this process, with the rollout, reward and trainer roles played
 import asyncio
 
 import numpy as np
+import zmq
 
 from flashq.config import load_config
-from flashq.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest
+from flashq.credentials import RunCredentials
+from flashq.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest, WeightSyncCall
 from flashq.roles.common import hello
 from flashq.roles.coordinator import Coordinator
 from flashq.transport import Link
@@ -35,8 +37,7 @@ def test_answers_arriving_together_leave_for_the_reward_worker_as_one_message(ti
             return frames
 
         links["reward-0"].sock.recv_multipart = recv
-        for role, link in links.items():
-            await link.send(hello(role, engine_ranks=1) if role.startswith("rollout") else hello(role))
+        await say_hello(links, tmp_path / "run")
         rollout = links["rollout-0"]
         requests = []
         while not requests:
@@ -61,10 +62,19 @@ def test_answers_arriving_together_leave_for_the_reward_worker_as_one_message(ti
     assert score_messages == [answered]
 
 
+async def say_hello(links: dict[str, Link], run_dir) -> None:
+    """Each role's hello with its credential, as the launcher gives it."""
+    credentials = RunCredentials.ensure(run_dir)
+    for role, link in links.items():
+        kw = {"engine_ranks": 1} if role.startswith("rollout") else {}
+        await link.send(hello(role, token=credentials.token(role), **kw))
+
+
 def test_peers_outside_the_run_cannot_stop_it_or_grow_its_books(tiny_model, tmp_path):
     """Identities are the peer's choice: a `Fatal` from a name that is none of the run's roles
     no longer ends the run (at start-up or later), and neither it nor the other messages of a
-    thousand made-up names add restart orders or rejection keys per name."""
+    hundred made-up names add restart orders or rejection keys per name: without a credential
+    they are refused at the hub, under one reason."""
 
     async def main():
         cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
@@ -76,8 +86,7 @@ def test_peers_outside_the_run_cannot_stop_it_or_grow_its_books(tiny_model, tmp_
         early = Link(coord.hub.address, "intruder")
         await early.send(Fatal(role="trainer", reason="stop the run"))  # during start-up
         links = {role: Link(coord.hub.address, role) for role in ("rollout-0", "reward-0", "trainer")}
-        for role, link in links.items():
-            await link.send(hello(role, engine_ranks=1) if role.startswith("rollout") else hello(role))
+        await say_hello(links, tmp_path / "run")
         while not coord.alive:
             await asyncio.sleep(0.01)
         rogues = [Link(coord.hub.address, f"x{i}-{i}") for i in range(100)]
@@ -85,10 +94,10 @@ def test_peers_outside_the_run_cannot_stop_it_or_grow_its_books(tiny_model, tmp_
             await rogue.send(Fatal(role="trainer", reason="stop the run"))
             await rogue.send(Heartbeat(float(i)))
         await links["trainer"].send(Heartbeat(0.0))  # after the rogues': handled once they all are
-        while sum(coord.orch.ledger.rejected.values()) < 200:
+        while sum(coord.hub.rejected.values()) < 201:
             await asyncio.sleep(0.01)
-        assert not run.done() and not coord.orch.done
-        rejected = dict(coord.orch.ledger.rejected)
+        assert not run.done() and not coord.orch.done and not coord.orch.ledger.rejected
+        rejected = dict(coord.hub.rejected)
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
         for link in [early, *links.values(), *rogues]:
@@ -97,5 +106,48 @@ def test_peers_outside_the_run_cannot_stop_it_or_grow_its_books(tiny_model, tmp_
 
     rejected, told = asyncio.run(asyncio.wait_for(main(), 60))
     assert told == set()
-    assert rejected == {"Fatal from an unknown peer: a peer that is none of this run's roles": 100,
-                        "Heartbeat from an unknown peer: a peer that is none of this run's roles": 100}
+    assert rejected == {"from a connection that has not proven its name": 201}
+
+
+def test_no_role_can_take_another_role_s_name(tiny_model, tmp_path):
+    """A peer holding reward-0's credential (or none) speaks as the trainer, a rollout worker and
+    reward-0's restarted self: its `Fatal`, hellos and weight-sync call are refused and the run goes
+    on, messages for the names still reach the roles that proved them, and a restarted reward-0
+    with its own credential takes its name over."""
+
+    async def main():
+        cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
+                                 "trainer.batch_groups=2", "trainer.steps=2"])
+        coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path / "run")
+        run = asyncio.create_task(coord.run())
+        while not hasattr(coord, "hub"):
+            await asyncio.sleep(0.01)
+        links = {role: Link(coord.hub.address, role) for role in ("rollout-0", "reward-0", "trainer")}
+        await say_hello(links, tmp_path / "run")
+        while not coord.alive:
+            await asyncio.sleep(0.01)
+        stolen = RunCredentials.load(tmp_path / "run").token("reward-0")
+        impostors = {name: Link(coord.hub.address, name) for name in ("trainer", "rollout-0", "reward-0")}
+        for name, link in impostors.items():
+            await link.send(hello(name, token=stolen if name != "reward-0" else "0" * 32, engine_ranks=1))
+            await link.send(Fatal(role=name, reason="stop the run"))
+            await link.send(WeightSyncCall(call_id=7, method="init_weight_transfer_engine", payload={"master_address": "evil"}))
+        while sum(coord.hub.rejected.values()) < 9:
+            await asyncio.sleep(0.01)
+        routes_after_attack = {name: coord.hub.routes[name] for name in links}
+        genuine = {name: bytes(link.sock.getsockopt(zmq.IDENTITY)) for name, link in links.items()}
+        restarted = Link(coord.hub.address, "reward-0")
+        await restarted.send(hello("reward-0", token=stolen))
+        while coord.hub.routes["reward-0"] == genuine["reward-0"]:
+            await asyncio.sleep(0.01)
+        assert not run.done() and not coord.orch.done
+        rejected = dict(coord.hub.rejected)
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        for link in [*links.values(), *impostors.values(), restarted]:
+            link.close()
+        return rejected, routes_after_attack, genuine
+
+    rejected, routes, genuine = asyncio.run(asyncio.wait_for(main(), 60))
+    assert routes == genuine  # every name still routed to the connection that proved it
+    assert rejected == {"hello with a wrong credential": 3, "from a connection that has not proven its name": 6}
