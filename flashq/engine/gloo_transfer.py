@@ -204,7 +204,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         pool = ThreadPoolExecutor(max_workers=2)
         try:
             rpc = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            opening = pool.submit(group_on, store, 0, init_info.world_size, init_info.timeout_s)
+            opening = pool.submit(group_on, store, 0, init_info.world_size, init_info.timeout_s, init_info.master_address)
             wait([rpc, opening], return_when=FIRST_EXCEPTION)
             if rpc.done() and rpc.exception() is not None:
                 raise rpc.exception()
