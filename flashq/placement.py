@@ -104,12 +104,26 @@ def pin(cpus: list[int]):
 
 def lower_priority(nice: int) -> None:
     """Set every thread of this process to niceness `nice` (Linux keeps it per thread; threads and
-    processes started later inherit their creator's). Before the engine starts, so it inherits."""
+    processes started later inherit their creator's), and this process's autogroup too: with
+    autogroups on (most desktop and many server kernels), the scheduler first shares the CPU
+    fairly between sessions, and every role is its own session, so a thread's niceness alone
+    would change nothing against the trainer. The autogroup only when this process leads its
+    session (the launcher starts each role so). Never raised (that needs privileges). Before the
+    engine starts, so it inherits it."""
     if nice <= 0:
         return
     for tid in os.listdir("/proc/self/task"):
         try:
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:  # never raised: that needs privileges
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:
                 os.setpriority(os.PRIO_PROCESS, int(tid), nice)
         except ProcessLookupError:  # a thread that ended meanwhile
             pass
+    autogroup = Path("/proc/self/autogroup")
+    if os.getsid(0) != os.getpid():  # a session shared with others (a test runner, a Ray worker): theirs too
+        return
+    try:
+        current = int(autogroup.read_text().split("nice")[1])
+        if current < nice:
+            autogroup.write_text(str(nice))
+    except (FileNotFoundError, IndexError, ValueError):  # a kernel without autogroups: niceness alone is enough
+        pass

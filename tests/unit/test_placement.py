@@ -58,8 +58,8 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
 
 def test_rollout_nice_reaches_every_thread_and_the_processes_started_after():
     """placement.rollout_nice: Linux keeps niceness per thread, so a thread started before (zmq's,
-    say) must be set too, and an engine process started after must inherit it. In a child process:
-    this one's priority stays as it is."""
+    say) must be set too, an engine process started after must inherit it, and the session's
+    autogroup must follow. In a child process: this one's priority stays as it is."""
     import subprocess
     import sys
     import textwrap
@@ -67,6 +67,7 @@ def test_rollout_nice_reaches_every_thread_and_the_processes_started_after():
     code = textwrap.dedent("""
         import os, threading
         from flashq.placement import lower_priority
+        os.setsid()  # its own session, as the launcher starts a role: and so its own autogroup
         stop = threading.Event()
         early = threading.Thread(target=stop.wait); early.start()
         lower_priority(7)
@@ -77,8 +78,16 @@ def test_rollout_nice_reaches_every_thread_and_the_processes_started_after():
             os._exit(os.getpriority(os.PRIO_PROCESS, 0))
         _, status = os.waitpid(child, 0)
         stop.set(); early.join(); late.join()
-        print(len(nices), sorted(set(nices)), os.waitstatus_to_exitcode(status))
+        try:
+            group = open("/proc/self/autogroup").read().split("nice")[1].strip()
+        except FileNotFoundError:
+            group = "none"
+        print(len(nices), group, sorted(set(nices)), os.waitstatus_to_exitcode(status))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(maxsplit=1)
+    count, group, nices = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                         check=True).stdout.split(maxsplit=2)
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert out[0] == "3" and out[1].strip() == f"[{max(base, 7)}] {max(base, 7)}"
+    assert count == "3" and nices.strip() == f"[{max(base, 7)}] {max(base, 7)}"
+    # with autogroups on, the scheduler shares the CPU between sessions first: the session's group
+    # must be lowered too, or the threads' niceness changes nothing against the trainer's session
+    assert group in ("7", "none"), group
