@@ -43,7 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 GIB = 2**30
 RESULT_TAG = "GPU_CHECK_RESULT "
-DENSE_BF16_PEAK = {"H200": 989e12, "H100": 989e12}  # TFLOP/s of the SXM parts by NVIDIA's datasheet (no sparsity)
+# dense bf16 FLOP/s of the SXM parts by NVIDIA's datasheet (no sparsity), by the name torch reports: the PCIe and
+# NVL H100s are slower and are left out (no MFU rather than a wrong one)
+DENSE_BF16_PEAK = {"NVIDIA H200": 989e12, "NVIDIA H100 80GB HBM3": 989e12}
 MFU_BOUND = 0.40  # issue 53 item 7
 SECTIONS = ["ceiling", "step-1.5b", "race", "fsdp-mp", "step-7b", "lora-1.5b", "packed-1.5b"]
 # per section: (preset, groups, group size, median response, max tokens, timed steps, time limit s); --smoke shrinks
@@ -100,7 +102,7 @@ def learner_config(s: SimpleNamespace, *extra: str):
     return load_config(None, [
         f"model.name={s.model or 'built-on-device'}", f"trainer.device={s.device}", "trainer.param_dtype=float32",
         "trainer.compute_dtype=bfloat16", "trainer.gradient_checkpointing=true", "trainer.micro_batch_tokens=16384",
-        "trainer.micro_batch_overhead_tokens=2048",  # the GPU configs' (the CPU default 128 splits into 31 passes)
+        "trainer.micro_batch_overhead_tokens=2048",  # the GPU default, set so a CPU smoke run splits the same way
         f"sampling.max_tokens={s.max_tokens}", f"sampling.group_size={s.group_size}", f"trainer.batch_groups={s.groups}",
         "trainer.lr=1e-6", "trainer.loss.policy=ppo", "trainer.loss.correction=tis_token",
         f"rollout.max_model_len={s.max_tokens + 256}", "trainer.share_prompts=false", *extra,
@@ -125,7 +127,7 @@ def section_ceiling(a) -> dict:
         p = torch.cuda.get_device_properties(0)
         row.update(gpu=p.name, capability=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
                    memory_gib=p.total_memory / GIB, torch=torch.__version__, cuda=torch.version.cuda)
-        peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in p.name), None)
+        peak = DENSE_BF16_PEAK.get(p.name)
         row["datasheet_dense_bf16_tflops"] = peak / 1e12 if peak else None
     return row
 
@@ -178,8 +180,10 @@ def profile_step(a, learner, batch) -> dict:
         "profiled_step_wall_s": wall,
         "gpu_busy_frac": busy_us / 1e6 / wall if a.device == "cuda" else None,
         "top_ops": [{"name": e.key[:90], "device_ms": device_time(e) / 1e3, "calls": e.count} for e in kernels[:15]],
-        "host_syncs": {k: calls.get(k, 0) for k in ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize",
-                                                   "cudaDeviceSynchronize", "cudaMemcpyAsync", "aten::nonzero")},
+        # the runtime's calls on a GPU (host ops are not recorded there), the host ops on a CPU
+        "host_syncs": {k: calls.get(k, 0) for k in (
+            ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync") if a.device == "cuda"
+            else ("aten::item", "aten::_local_scalar_dense", "aten::nonzero"))},
     }
 
 

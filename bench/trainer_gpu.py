@@ -48,9 +48,9 @@ sys.path.insert(0, str(ROOT))
 GIB = 2**30
 RESULT_TAG = "TRAINER_GPU_RESULT "
 # (label, path, micro_batch_tokens, gradient_checkpointing, param_dtype, micro_batch_overhead_tokens),
-# most telling first: a run cut short by its time limit still has the configs' own setting. With the
-# default overhead (128 tokens, calibrated on a CPU) the split into micro-batches minimises padding
-# and, on this batch, never fills even 8,192 tokens; an overhead of 2,048 fills them to the budget
+# most telling first. With the CPU's overhead (128 tokens, the default on a CPU; these rows were measured when it
+# was the default everywhere) the split into micro-batches minimises padding and, on this batch, never fills even
+# 8,192 tokens; an overhead of 2,048 (the default on a GPU since 37910f2) fills them to the budget
 SETTINGS = [
     ("config", "flashq", 16384, True, "float32", 128),
     ("naive-16k", "naive", 16384, True, "float32", 128),

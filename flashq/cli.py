@@ -232,6 +232,9 @@ def _sim(args) -> int:
 def _role(args) -> int:
     from flashq.roles.common import run_role, setup_logging
 
+    from flashq.credentials import own_token
+
+    own_token()  # out of the environment before anything this role starts could inherit it
     role = args.name if "-" in args.name or args.name in ("coordinator", "trainer") else f"{args.name}-0"
     kind = role_kind(role)
     cfg = load_config(args.config, args.overrides)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 FILE = "credentials.key"
 TOKEN_ENV = "FLASHQ_ROLE_TOKEN"
+TOKEN_CHARS = 32
 
 
 class RunCredentials:
@@ -32,19 +33,20 @@ class RunCredentials:
 
     @classmethod
     def ensure(cls, run_dir: Path) -> RunCredentials:
-        """The run's credentials, made on first use (owner-only file, written atomically)."""
+        """The run's credentials, made on first use (an owner-only file, fsynced). A file left
+        empty by a crash while it was made is made again: no role can have been given a token."""
         path = Path(run_dir) / FILE
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32) + "\n")
-            try:
-                os.link(tmp, path)  # a concurrent first use keeps the file that got there first
-            except FileExistsError:
-                pass
-            tmp.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size == 0:
+            path.unlink()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # made before (a resume, a restarted coordinator, a concurrent first use)
+            return cls.load(run_dir)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         return cls.load(run_dir)
 
     @classmethod
@@ -58,12 +60,24 @@ class RunCredentials:
             raise ValueError(f"{path}: not a run secret ({e})") from None
 
     def token(self, role: str) -> str:
-        return hmac.new(self._secret, role.encode(), hashlib.sha256).hexdigest()[:32]
+        return hmac.new(self._secret, role.encode(), hashlib.sha256).hexdigest()[:TOKEN_CHARS]
 
-    def verify(self, role: str, token: str) -> bool:
-        return hmac.compare_digest(self.token(role), token)
+    def verify(self, role: str, token: object) -> bool:
+        """Whether `token` is `role`'s. Anything a peer sends is compared as bytes: a str with
+        non-ASCII characters would make `compare_digest` raise, and end the receive loop."""
+        if not isinstance(token, str) or len(token) != TOKEN_CHARS:
+            return False
+        return hmac.compare_digest(self.token(role).encode(), token.encode("utf-8", "replace"))
+
+
+_given: str | None = None
 
 
 def own_token() -> str:
-    """The token this process was given ('' when none: its hello will be refused)."""
-    return os.environ.get(TOKEN_ENV, "")
+    """The token this process was given ('' when none: its hello will be refused). Taken out of
+    the environment on first use, so the engines, environments and reward code it starts do
+    not inherit it (a role calls this at its start)."""
+    global _given
+    if _given is None:
+        _given = os.environ.pop(TOKEN_ENV, "")
+    return _given

@@ -10,10 +10,14 @@ stops and says how many are needed.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from pathlib import Path
 
 from flashq.config import ConfigError, FlashqConfig
+
+log = logging.getLogger(__name__)
 
 
 def gpu_roles(cfg: FlashqConfig) -> dict[str, list[int]]:
@@ -123,7 +127,18 @@ def lower_priority(nice: int) -> None:
         return
     try:
         current = int(autogroup.read_text().split("nice")[1])
-        if current < nice:
-            autogroup.write_text(str(nice))
     except (FileNotFoundError, IndexError, ValueError):  # a kernel without autogroups: niceness alone is enough
-        pass
+        return
+    for _ in range(20):
+        if current >= nice:
+            return
+        try:
+            autogroup.write_text(str(nice))
+            return
+        except BlockingIOError:  # the kernel takes one autogroup change every 100 ms, machine-wide
+            time.sleep(0.15)
+        except OSError as e:  # a read-only /proc (a container): the threads' niceness is what is left
+            log.warning("placement.rollout_nice: cannot lower this session's autogroup (%s); under autogroups the "
+                        "trainer keeps no priority over generation", e)
+            return
+    log.warning("placement.rollout_nice: the kernel kept refusing to lower this session's autogroup")

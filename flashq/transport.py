@@ -138,13 +138,16 @@ class Hub:
     def __init__(self, address: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30, curve_keys: Path | None = None,
                  credentials=None):
         """`credentials`: what checks a name's token (`RunCredentials`); None hears any connection
-        under the name it claims, the newest being the one sent to (tests, benchmarks)."""
+        under the name it claims, the last to send being the one sent to (tests, benchmarks).
+        `takeover(name)`: whether a newer connection proving a name already routed elsewhere may
+        take it (the coordinator allows it for restartable workers); by default always."""
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.hwm = hwm
         _configure(self.sock, hwm, max_message_bytes)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.credentials = credentials
+        self.takeover = lambda name: True
         self.routes: dict[str, bytes] = {}  # name -> the connection it is sent to (the last to prove it)
         self.auth = None
         if curve_keys is not None:
@@ -220,7 +223,13 @@ class Hub:
         ident, *frames = message
         route = bytes(ident.buffer)
         peer = _peer_name(route)
-        admitted = [m for m in self.codec.decode_all(peer, frames) if self._admit(peer, route, m)]
+        admitted = []
+        for m in self.codec.decode_all(peer, frames):
+            try:
+                if self._admit(peer, route, m):
+                    admitted.append(m)
+            except Exception as e:  # a check that breaks on a hostile message refuses it, and the loop goes on
+                self.codec.reject(peer, RejectedFrame(f"admission error: {type(e).__name__}: {e}"))
         if not admitted:
             return
         self.last_seen.pop(peer, None)  # re-inserted last: the map runs from least to most recently seen
@@ -231,14 +240,18 @@ class Hub:
 
     def _admit(self, peer: str, route: bytes, msg: Message) -> bool:
         """Whether `msg` is heard: from the connection `peer` is routed to, or a hello proving the
-        name (which routes it here). Without credentials the newest connection under a name is it."""
-        if self.credentials is None or (isinstance(msg, Hello) and self.credentials.verify(peer, msg.token)):
+        name (which routes it here). Without credentials the last connection to send under a name is it."""
+        if self.routes.get(peer) == route:
+            return True
+        proven = isinstance(msg, Hello) and self.credentials is not None and self.credentials.verify(peer, msg.token)
+        if proven and peer in self.routes and not self.takeover(peer):
+            self.codec.reject(peer, RejectedFrame(f"a second connection proving a name that cannot restart: {peer}"))
+            return False
+        if self.credentials is None or proven:
             self.routes.pop(peer, None)
             self.routes[peer] = route
             if len(self.routes) > MAX_PEERS_SEEN:
                 del self.routes[next(iter(self.routes))]
-            return True
-        if self.routes.get(peer) == route:
             return True
         why = "hello with a wrong credential" if isinstance(msg, Hello) else "from a connection that has not proven its name"
         self.codec.reject(peer, RejectedFrame(f"{why}: {type(msg).__name__} as {peer}"))

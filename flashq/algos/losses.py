@@ -145,7 +145,7 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """All tensors are [sequences, tokens]; `mask` is 1 on response tokens. The statistics stay
     0-dim tensors on the loss's device: reading each back would stall a GPU once per statistic
-    and micro-batch (the trainer reads them all at once per minibatch)."""
+    and micro-batch (the trainer reads them all at once per batch)."""
     mask = mask.to(logp.dtype)
     ratio = None
     if policy == "ppo":

@@ -111,6 +111,8 @@ class Coordinator(StepMetrics):
         t = self.cfg.transport
         self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=self.cfg.message_limit_bytes, curve_keys=t.curve_keys,
                        credentials=RunCredentials.ensure(self.run_dir))  # a role is heard once it proves its name
+        # a name moves to a newer connection during start-up, and later for workers that restart
+        self.hub.takeover = lambda name: not self.alive or (self.tolerant and name in self.rollouts + self.rewards)
         log.info("coordinator listening on %s", self.hub.address)
         if t.curve_keys is None and t.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("the coordinator listens on %s without CurveZMQ: messages and role credentials cross the network "

@@ -255,7 +255,8 @@ class Learner(MicroBatching):
         losses, grad_norms = [], []
         skipped = False
         world = self.ranks.world_size
-        for mb, indices in zip(plan, minibatches):
+        read = None  # the statistics on the host, read while the device is idle (after the last gradient norm)
+        for last, (mb, indices) in enumerate(zip(plan, minibatches), start=1 - len(plan)):
             # normalised over the whole minibatch on every rank; FSDP averages gradients over
             # ranks, so each rank's loss is scaled by the world size to make that a sum
             norm = Normalizer(
@@ -314,16 +315,19 @@ class Learner(MicroBatching):
                             self.version, batch.batch_index, self.nonfinite_in_row)
                 skipped = True
                 break
+            losses.append(loss_sum)
+            grad_norms.append(grad_norm)
+            if last == 0:  # the gradient norm's read waited for the device: this one costs no wait, while
+                # one after the optimizer step would wait for AdamW (and for nothing the push overlaps)
+                read = to_host({**totals, **{f"_loss{i}": v for i, v in enumerate(losses)}})
             if before_update is not None:
                 before_update()
                 before_update = None
             self.optimizer.step()
-            losses.append(loss_sum)
-            grad_norms.append(grad_norm)
         if not skipped:
             self.nonfinite_in_row = 0
         self.updated.mark()
-        totals = to_host({**totals, **{f"_loss{i}": v for i, v in enumerate(losses)}})
+        totals = read if read is not None else to_host({**totals, **{f"_loss{i}": v for i, v in enumerate(losses)}})
         losses = [totals.pop(f"_loss{i}") for i in range(len(losses))]
         totals = parallel.all_reduce_sum({**totals, "_loss": float(np.mean(losses)) if losses else 0.0}, self.ranks)
         self.version += 1

@@ -110,10 +110,11 @@ def test_peers_outside_the_run_cannot_stop_it_or_grow_its_books(tiny_model, tmp_
 
 
 def test_no_role_can_take_another_role_s_name(tiny_model, tmp_path):
-    """A peer holding reward-0's credential (or none) speaks as the trainer, a rollout worker and
-    reward-0's restarted self: its `Fatal`, hellos and weight-sync call are refused and the run goes
-    on, messages for the names still reach the roles that proved them, and a restarted reward-0
-    with its own credential takes its name over."""
+    """A peer holding reward-0's credential (or a hostile one) speaks as the trainer, a rollout worker
+    and reward-0's restarted self, and a second trainer holds the trainer's own: their `Fatal`s,
+    hellos and weight-sync calls are refused and the run goes on, messages for the names still
+    reach the roles that proved them, and a restarted reward-0 with its credential takes its name
+    over (a reward worker may restart; the trainer may not)."""
 
     async def main():
         cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
@@ -126,13 +127,17 @@ def test_no_role_can_take_another_role_s_name(tiny_model, tmp_path):
         await say_hello(links, tmp_path / "run")
         while not coord.alive:
             await asyncio.sleep(0.01)
-        stolen = RunCredentials.load(tmp_path / "run").token("reward-0")
+        credentials = RunCredentials.load(tmp_path / "run")
+        stolen = credentials.token("reward-0")
         impostors = {name: Link(coord.hub.address, name) for name in ("trainer", "rollout-0", "reward-0")}
         for name, link in impostors.items():
-            await link.send(hello(name, token=stolen if name != "reward-0" else "0" * 32, engine_ranks=1))
+            await link.send(hello(name, token=stolen if name != "reward-0" else "é" * 32, engine_ranks=1))
             await link.send(Fatal(role=name, reason="stop the run"))
             await link.send(WeightSyncCall(call_id=7, method="init_weight_transfer_engine", payload={"master_address": "evil"}))
-        while sum(coord.hub.rejected.values()) < 9:
+        second_trainer = Link(coord.hub.address, "trainer")  # the trainer's own credential, a second time: it cannot restart
+        await second_trainer.send(hello("trainer", token=credentials.token("trainer")))
+        await second_trainer.send(Fatal(role="trainer", reason="stop the run"))
+        while sum(coord.hub.rejected.values()) < 11:
             await asyncio.sleep(0.01)
         routes_after_attack = {name: coord.hub.routes[name] for name in links}
         genuine = {name: bytes(link.sock.getsockopt(zmq.IDENTITY)) for name, link in links.items()}
@@ -144,10 +149,11 @@ def test_no_role_can_take_another_role_s_name(tiny_model, tmp_path):
         rejected = dict(coord.hub.rejected)
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
-        for link in [*links.values(), *impostors.values(), restarted]:
+        for link in [*links.values(), *impostors.values(), restarted, second_trainer]:
             link.close()
         return rejected, routes_after_attack, genuine
 
     rejected, routes, genuine = asyncio.run(asyncio.wait_for(main(), 60))
     assert routes == genuine  # every name still routed to the connection that proved it
-    assert rejected == {"hello with a wrong credential": 3, "from a connection that has not proven its name": 6}
+    assert rejected == {"hello with a wrong credential": 3, "from a connection that has not proven its name": 7,
+                        "a second connection proving a name that cannot restart": 1}

@@ -18,7 +18,12 @@ def test_a_run_secret_is_made_once_readable_by_its_owner_alone(tmp_path):
     again = RunCredentials.ensure(tmp_path)  # a resume, a restarted coordinator: the same tokens
     assert first.token("trainer") == again.token("trainer") != first.token("reward-0")
     assert again.verify("reward-0", first.token("reward-0")) and not again.verify("trainer", first.token("reward-0"))
+    for hostile in ("é" * 32, "\x00" * 32, first.token("reward-0")[:-1], None, 7, b"x" * 32):  # refused, never raised
+        assert not again.verify("reward-0", hostile)
     assert RunCredentials.ensure(tmp_path / "other").token("trainer") != first.token("trainer")  # another run's differ
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / FILE).write_text("")  # a crash while it was made: made again
+    assert len(RunCredentials.ensure(tmp_path / "torn").token("trainer")) == 32
     with pytest.raises(FileNotFoundError, match="no credentials for this run"):
         RunCredentials.load(tmp_path / "missing")
     (tmp_path / "bad").mkdir()
@@ -40,3 +45,15 @@ def test_the_launcher_gives_each_role_its_own_token_and_no_other(tmp_path, monke
     assert capsys.readouterr().out.strip() == credentials.token("reward-0")
     assert main(["token", "reward-0", "--run-dir", str(tmp_path / "nowhere")]) == 2
     assert "no credentials for this run" in capsys.readouterr().err
+
+
+def test_a_role_takes_its_token_out_of_the_environment(monkeypatch):
+    """What a role starts (engines, environments, reward code) must not inherit its credential."""
+    import os
+
+    from flashq import credentials
+
+    monkeypatch.setattr(credentials, "_given", None)
+    monkeypatch.setenv(TOKEN_ENV, "t" * 32)
+    assert credentials.own_token() == "t" * 32 and TOKEN_ENV not in os.environ
+    assert credentials.own_token() == "t" * 32  # a second hello (a coordinator restart) still has it

@@ -301,3 +301,20 @@ def test_reads_to_the_host_do_not_grow_with_the_micro_batches(tiny_model, monkey
         learner.train_step(batch)
         counts.append(len(reads))
     assert counts[0] == counts[1], counts
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_the_statistics_are_read_before_the_last_optimizer_step(tiny_model, minibatches, monkeypatch):
+    """On a GPU `optimizer.step()` only queues AdamW; a read after it would wait for AdamW to run,
+    and a push overlapping the next step would gain nothing. The statistics are read where the
+    device is idle anyway: after the last minibatch's gradient norm, before its optimizer step."""
+    from flashq.trainer import learner as learner_module
+
+    learner = Learner(load_config(None, [f"trainer.minibatches={minibatches}"]), tiny_model)
+    order = []
+    real_read, real_step = learner_module.to_host, learner.optimizer.step
+    monkeypatch.setattr(learner_module, "to_host", lambda values: order.append("read") or real_read(values))
+    monkeypatch.setattr(learner.optimizer, "step", lambda *a, **k: order.append("step") or real_step(*a, **k))
+    stats = learner.train_step(make_batch(learner, [1, 0, 0, 1, 1, 0]))
+    assert order == ["step"] * (minibatches - 1) + ["read", "step"]
+    assert np.isfinite(stats["loss"]) and "loss/entropy" in stats
