@@ -28,7 +28,7 @@ def test_a_role_out_of_disk_stops_the_run_without_a_resume(tmp_path, monkeypatch
                                          "sft.warm_start=false", "eval=null"]))
     trainer_half(tmp_path, 4)
     complete(tmp_path, 4, state(4), keep=2)  # a checkpoint to resume from, were the launcher to try
-    monkeypatch.setattr("flashq.launch.role_specs", lambda cfg, config_file: [stand_in(tmp_path, n) for n in cfg.role_names()])
+    monkeypatch.setattr("flashq.launch.role_specs", lambda cfg, config_file, *credentials: [stand_in(tmp_path, n) for n in cfg.role_names()])
     launcher = Launcher(cfg, show_progress=False)
     launcher._fetch_model = lambda: None
     code = asyncio.run(asyncio.wait_for(launcher._main(), 120))
