@@ -15,18 +15,24 @@ from flashq.roles.coordinator import Coordinator
 from flashq.transport import Link
 
 
+async def start_coordinator(tiny_model, tmp_path) -> tuple[Coordinator, asyncio.Task]:
+    """A real coordinator of a small run, running in this event loop, once its hub is bound."""
+    cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
+                             "trainer.batch_groups=2", "trainer.steps=2"])
+    coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path / "run")
+    run = asyncio.create_task(coord.run())
+    while not hasattr(coord, "hub"):  # bound once run() has made it
+        await asyncio.sleep(0.01)
+    return coord, run
+
+
 def test_answers_arriving_together_leave_for_the_reward_worker_as_one_message(tiny_model, tmp_path):
     """A rollout worker's answers travel as one bundle; the coordinator handles all of them
     before it pumps, so the score requests they release reach the reward worker as one ZeroMQ
     message, not one per answer (each message costs a send and a wake-up on a busy core)."""
 
     async def main():
-        cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
-                                 "trainer.batch_groups=2", "trainer.steps=2"])
-        coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path / "run")
-        run = asyncio.create_task(coord.run())
-        while not hasattr(coord, "hub"):  # bound once run() has made it
-            await asyncio.sleep(0.01)
+        coord, run = await start_coordinator(tiny_model, tmp_path)
         links = {role: Link(coord.hub.address, role) for role in ("rollout-0", "reward-0", "trainer")}
         score_messages = []  # per ZeroMQ message the reward worker receives: the score requests in it
         real_recv = links["reward-0"].sock.recv_multipart
@@ -77,12 +83,7 @@ def test_peers_outside_the_run_cannot_stop_it_or_grow_its_books(tiny_model, tmp_
     they are refused at the hub, under one reason."""
 
     async def main():
-        cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
-                                 "trainer.batch_groups=2", "trainer.steps=2"])
-        coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path / "run")
-        run = asyncio.create_task(coord.run())
-        while not hasattr(coord, "hub"):
-            await asyncio.sleep(0.01)
+        coord, run = await start_coordinator(tiny_model, tmp_path)
         early = Link(coord.hub.address, "intruder")
         await early.send(Fatal(role="trainer", reason="stop the run"))  # during start-up
         links = {role: Link(coord.hub.address, role) for role in ("rollout-0", "reward-0", "trainer")}
@@ -117,12 +118,7 @@ def test_no_role_can_take_another_role_s_name(tiny_model, tmp_path):
     over (a reward worker may restart; the trainer may not)."""
 
     async def main():
-        cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
-                                 "trainer.batch_groups=2", "trainer.steps=2"])
-        coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path / "run")
-        run = asyncio.create_task(coord.run())
-        while not hasattr(coord, "hub"):
-            await asyncio.sleep(0.01)
+        coord, run = await start_coordinator(tiny_model, tmp_path)
         links = {role: Link(coord.hub.address, role) for role in ("rollout-0", "reward-0", "trainer")}
         await say_hello(links, tmp_path / "run")
         while not coord.alive:
