@@ -11,8 +11,15 @@ Both chaos runs have a rogue third reward worker (`bench/rogue.py`: it answers h
 sends well-formed but wrong messages after each answer); the second has a two-rank trainer, one
 of whose ranks is killed once (torchrun stops the other; the run resumes from its checkpoint).
 
+Three more runs, left alone otherwise: `impostors` (the rogue also speaks under every other
+role's name, on connections that passed the handshake with its own credential, and tries the
+handshake under those names), `flood` (a million hostile frames through the coordinator's socket
+from connections holding a leaked credential, `bench/flood.py`, with the coordinator's memory
+watched), `torn` (the whole run killed at once and damaged before each resume, `bench/torn.py`).
+
     python bench/chaos.py                      # writes bench/results/chaos.json
     python bench/chaos.py --steps 60 --kills 6 --fuzz-frames 20000   # a quicker look
+    python bench/chaos.py --runs impostors flood --flood-frames 50000 --name chaos_quick
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import print_table, write_result  # noqa: E402
+from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 from bench.fuzz import blast  # noqa: E402
+from bench.torn import mount_small_disk, torn_resumes  # noqa: E402
+from flashq.config import load_config  # noqa: E402
 from flashq.credentials import RunCredentials  # noqa: E402
 
 RUN = [
@@ -53,11 +62,17 @@ class LaunchedRun:
     """`flashq launch` in a subprocess; remembers the newest pid the coordinator reported per role.
     With `rogue`, a third reward worker is bench/rogue.py, started here."""
 
-    def __init__(self, run_dir: Path, overrides: list[str], rogue: bool = False):
+    def __init__(self, run_dir: Path, overrides: list[str], rogue: bool = False, impostor_answers: int = 0,
+                 resume: bool = False):
         self.run_dir = run_dir
+        self.impostor_answers = impostor_answers
         extra = ["reward.num_workers=3", "--external", "reward-2"] if rogue else []
-        cmd = [sys.executable, "-m", "flashq.cli", "launch", "configs/quickstart.yaml", "--no-progress",
-               f"log.run_dir={run_dir}", *RUN, *overrides, *extra]
+        if resume:
+            cmd = [sys.executable, "-m", "flashq.cli", "launch", str(run_dir / "config.yaml"), "--no-progress", "--resume", str(run_dir)]
+        else:
+            cmd = [sys.executable, "-m", "flashq.cli", "launch", "configs/quickstart.yaml", "--no-progress",
+                   f"log.run_dir={run_dir}", *RUN, *overrides, *extra]
+        self.out_mode = "a" if resume else "w"
         self.rogues: list[subprocess.Popen] = []  # a new one for each start of the run (a resume starts a new coordinator)
         self.started = time.time()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -68,7 +83,7 @@ class LaunchedRun:
         self.reader.start()
 
     def _read(self) -> None:
-        with (self.run_dir.parent / f"{self.run_dir.name}.out").open("w") as out:
+        with (self.run_dir.parent / f"{self.run_dir.name}.out").open(self.out_mode) as out:
             for line in self.proc.stdout:
                 out.write(line)
                 self.tail = (self.tail + [line])[-80:]
@@ -79,7 +94,7 @@ class LaunchedRun:
                     n = len(self.rogues)
                     self.rogues.append(subprocess.Popen(
                         [sys.executable, "bench/rogue.py", str(self.run_dir / "config.yaml"), address, "reward-2",
-                         str(self.run_dir.parent / f"{self.run_dir.name}.rogue{n}.json")],
+                         str(self.run_dir.parent / f"{self.run_dir.name}.rogue{n}.json"), str(self.impostor_answers)],
                         cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                                            FLASHQ_ROLE_TOKEN=RunCredentials.load(self.run_dir).token("reward-2")),
                         stdout=(self.run_dir.parent / f"{self.run_dir.name}.rogue{n}.out").open("w"), stderr=subprocess.STDOUT))
@@ -101,6 +116,22 @@ class LaunchedRun:
             return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+
+
+    def coordinator(self):
+        import psutil
+
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if "coordinator" in p.cmdline() and "role" in p.cmdline():
+                    return p
+            except psutil.Error:  # a child gone since it was listed
+                continue
+        raise RuntimeError("no coordinator process under the launcher")
+
+    def address(self) -> str:
+        cfg = load_config(self.run_dir / "config.yaml", [])
+        return f"tcp://{cfg.transport.host}:{cfg.transport.port}"
 
 
 def kill_group(pid: int) -> None:
@@ -206,12 +237,31 @@ POISON = ["sampling.forced_lengths={median: 10, sigma: 1.5, min: 1, max: 400}", 
           "rollout.max_model_len=512", "rollout.request_timeout_s=2", "rollout.max_request_failures=2"]
 
 
+# the hub's reasons for refusing what comes under a name its connection has not proven
+IMPOSTOR_REASONS = ("hello with a wrong credential", "from a connection that has not proven its name",
+                    "hello on a connection whose handshake proved another name")
+
+
 def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bool = False, ranks: int = 1,
-             extra: list[str] = ()) -> dict:
+             extra: list[str] = (), impostor_answers: int = 0, flood_frames: int = 0, resumes: int = 0) -> dict:
     run_dir = root / name
-    run = LaunchedRun(run_dir, [f"trainer.steps={steps}", f"seed={seed}", f"trainer.world_size={ranks}", *extra], rogue=rogue)
-    killed = chaos(run, steps, kills, trainer_at=0.4, seed=seed, sharded=ranks > 1) if kills else []
-    rc = run.proc.wait()
+    overrides = [f"trainer.steps={steps}", f"seed={seed}", f"trainer.world_size={ranks}", *extra]
+    killed, flooded, torn = [], {}, []
+    if resumes:
+        launches = []
+
+        def launch(resume: bool):
+            launches.append(LaunchedRun(run_dir, overrides, resume=resume))
+            return launches[-1].proc
+
+        small_disk = mount_small_disk(run_dir)
+        torn = torn_resumes(launch, run_dir, resumes, seed, full_disk=small_disk)
+        run, rc = launches[0], 0
+    else:
+        run = LaunchedRun(run_dir, overrides, rogue=rogue, impostor_answers=impostor_answers)
+        killed = chaos(run, steps, kills, trainer_at=0.4, seed=seed, sharded=ranks > 1) if kills else []
+        flooded = flood(run, flood_frames, root / f"{name}.flood.json") if flood_frames else {}
+        rc = run.proc.wait()
     wall = time.time() - run.started
     for rogue in run.rogues:
         try:
@@ -227,6 +277,13 @@ def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bo
     books = audit(run_dir, group_size=4)
     restarts, faults = read_jsonl(run_dir / "restarts.jsonl"), read_jsonl(run_dir / "faults.jsonl")
     ledger = books.pop("ledger")
+    if resumes:
+        output = (run_dir.parent / f"{name}.out").read_text()
+        torn.append({"disk_full_stops_named": output.count("ran out of disk space"), "small_disk": small_disk})
+        if small_disk:
+            subprocess.run(["umount", str(run_dir)], check=False)
+    impostors_sent = sum(v for k, v in sent.items() if k.startswith("impostor:"))
+    impostors_refused = sum(ledger["rejected_frames"].get(k, 0) for k in IMPOSTOR_REASONS)
     return {
         "run": name, "steps": steps, "kills": len(killed), "restarts": len(restarts), "wall_s": wall,
         "steps_per_s": steps / wall, "tokens": ledger["tokens_received"], **books,
@@ -236,9 +293,57 @@ def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bo
         "rejected_by_reason": ledger["rejected"], "ranks": ranks,
         "requests_failed": ledger.get("requests_failed", 0), "requests_quarantined": ledger.get("requests_quarantined", 0),
         "groups_dropped_by_reason": ledger["groups_dropped_by_reason"],
-        "rogue_sent": dict(sent),
+        "rogue_sent": dict(sent), "rejected_frames": ledger["rejected_frames"],
+        "handshakes_refused": ledger.get("handshakes_refused", 0),
+        "impostor_messages_sent": impostors_sent, "impostor_messages_refused": impostors_refused,
+        "flood": flooded, "torn": torn,
         "recovery": recovery(killed, faults, restarts), "killed": killed,
     }
+
+
+def flood(run: LaunchedRun, frames: int, out: Path) -> dict:
+    """Once the run trains, flood its coordinator from connections holding reward-1's credential
+    (bench/flood.py) while its memory is sampled; then ten seconds for what was queued to drain."""
+    import psutil
+
+    while run.proc.poll() is None and run.steps() < 2:
+        time.sleep(0.5)
+    coord = run.coordinator()
+    limit = load_config(run.run_dir / "config.yaml", []).message_limit_bytes
+    token = RunCredentials.load(run.run_dir).token("reward-1")
+    base = peak = coord.memory_info().rss
+    started = time.time()
+    sender = subprocess.Popen([sys.executable, "bench/flood.py", run.address(), "reward-1", token, str(frames), str(limit), str(out)],
+                              cwd=ROOT)
+
+    def sample(until) -> bool:
+        """Track the peak until `until()`; False when the coordinator is gone (died, or the run resumed)."""
+        nonlocal peak
+        while not until():
+            try:
+                peak = max(peak, coord.memory_info().rss)
+            except psutil.NoSuchProcess:
+                return False
+            time.sleep(0.2)
+        return True
+
+    alive = sample(lambda: sender.poll() is not None or run.proc.poll() is not None)
+    sent_s = time.time() - started
+    if sender.poll() is None:  # the run ended first: the flood is cut short
+        sender.kill()
+        sender.wait()
+    drain_until = time.time() + 10
+    alive = alive and sample(lambda: time.time() > drain_until or run.proc.poll() is not None)
+    try:
+        after = coord.memory_info().rss if alive and run.proc.poll() is None else None
+    except psutil.NoSuchProcess:
+        after = None
+    report = json.loads(out.read_text()) if out.exists() else {"frames_sent": 0}
+    mb = 1 / 2**20
+    return {**report, "seconds": sent_s, "frames_per_s": report["frames_sent"] / sent_s, "message_limit_bytes": limit,
+            "flood_status": sender.returncode, "run_ended_first": run.proc.poll() is not None,
+            "coordinator_rss_mb_before": base * mb, "coordinator_rss_mb_after": after * mb if after is not None else None,
+            "coordinator_rss_mb_peak": peak * mb, "coordinator_pid": coord.pid}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -250,55 +355,52 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+RUNS = ("calm", "chaos", "chaos-2-ranks", "poison", "impostors", "flood", "torn")
+BOUNDS = {"kills_survived": ">= 20", "kills_survived_sharded": ">= 10", "impersonation_attempts_refused": ">= 1000",
+          "impersonation_attempts_accepted": "== 0", "hostile_frames_without_crash": ">= 1000000",
+          "coordinator_rss_growth_mb": "<= 50", "torn_resumes": ">= 10", "samples_lost": "== 0", "samples_duplicated": "== 0"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS), help="which runs (figures of the others are left out)")
+    ap.add_argument("--steps", type=int, default=1000, help="steps of the calm and chaos runs")
     ap.add_argument("--kills", type=int, default=24)
     ap.add_argument("--kills-sharded", type=int, default=12, help="kills in the run with a two-rank trainer")
     ap.add_argument("--poison-steps", type=int, default=100, help="steps of the run with poison requests")
+    ap.add_argument("--impostor-answers", type=int, default=100, help="rogue answers followed by a burst under others' names")
+    ap.add_argument("--flood-frames", type=int, default=1_000_000)
+    ap.add_argument("--flood-steps", type=int, default=1000, help="steps of the flood run: it must outlast the flood")
+    ap.add_argument("--resumes", type=int, default=12, help="kills, damages and resumes in the torn run")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fuzz-frames", type=int, default=130_000)
     ap.add_argument("--keep", type=Path, help="keep the run directories here")
+    ap.add_argument("--name", default="chaos", help="the result file's name")
     args = ap.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="flashq-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
-    calm = run_once(root, "calm", args.steps, 0, args.seed)
-    storm = run_once(root, "chaos", args.steps, args.kills, args.seed, rogue=True)
-    sharded = run_once(root, "chaos-2-ranks", args.steps, args.kills_sharded, args.seed + 1, rogue=True, ranks=2)
     from flashq import fuzz
 
-    poisoned = run_once(root, "poison", args.poison_steps, 0, args.seed + 2, extra=POISON)
+    plan = {
+        "calm": lambda: run_once(root, "calm", args.steps, 0, args.seed),
+        "chaos": lambda: run_once(root, "chaos", args.steps, args.kills, args.seed, rogue=True),
+        "chaos-2-ranks": lambda: run_once(root, "chaos-2-ranks", args.steps, args.kills_sharded, args.seed + 1, rogue=True, ranks=2),
+        "poison": lambda: run_once(root, "poison", args.poison_steps, 0, args.seed + 2, extra=POISON),
+        "impostors": lambda: run_once(root, "impostors", 400, 0, args.seed + 3, rogue=True, impostor_answers=args.impostor_answers),
+        "flood": lambda: run_once(root, "flood", args.flood_steps, 0, args.seed + 4, flood_frames=args.flood_frames),
+        "torn": lambda: run_once(root, "torn", 300, 0, args.seed + 5, extra=["trainer.checkpoint_every=5"], resumes=args.resumes),
+    }
+    runs = {name: plan[name]() for name in RUNS if name in args.runs}
     fuzzed = asyncio.run(blast(list(fuzz.frames(args.fuzz_frames, seed=7))))
-    rows = [calm, storm, sharded, poisoned]
-    print_table("chaos: random kills during a real run vs the same run left alone", rows,
+    rows = list(runs.values())
+    print_table("chaos: random kills, hostile peers and torn resumes during real runs", rows,
                 [("run", "run", ""), ("kills", "kills", "d"), ("restarts", "restarts", "d"), ("wall_s", "wall s", ".0f"),
                  ("steps_per_s", "steps/s", ".2f"), ("samples_trained", "trained", ",d"), ("samples_lost", "lost", "d"),
                  ("samples_duplicated", "duplicated", "d"), ("requests_requeued", "requeued", "d"),
-                 ("rejected_from_live_peers", "rejected (rogue)", ",d"), ("requests_quarantined", "quarantined", "d")])
-    rec = storm["recovery"]
-    by_kind = {}
-    for kind in ("rollout", "reward", "trainer"):
-        rs = [r for r in rec if r["role"].startswith(kind)]
-        by_kind[kind] = {"kills": len(rs), "detected_s": mean(r["detected_s"] for r in rs),
-                         "rejoined_s": mean(r["rejoined_s"] for r in rs), "serving_s": mean(r["serving_s"] for r in rs)}
-    print_table("time to recover after a kill (mean seconds)", [{"role": k, **v} for k, v in by_kind.items()],
-                [("role", "role", ""), ("kills", "kills", "d"), ("detected_s", "noticed", ".1f"),
-                 ("rejoined_s", "back", ".1f"), ("serving_s", "serving", ".1f")])
-    whole = lambda r: r["samples_lost"] == 0 and r["groups_partial"] == 0 and r["groups_trained_and_untrained"] == 0  # noqa: E731
-    figures = {
-        "kills_survived": storm["kills"] if whole(storm) else 0,
-        "kills_survived_sharded": sharded["kills"] if whole(sharded) else 0,
-        "hostile_messages_sent": sum(sum(r["rogue_sent"].values()) for r in (storm, sharded)),
-        "hostile_messages_rejected": sum(r["rejected_from_live_peers"] for r in (storm, sharded)),
-        "poison_requests_quarantined": poisoned["requests_quarantined"] if whole(poisoned) else 0,
-        "poison_run_samples_lost": poisoned["samples_lost"],
-        "samples_lost": storm["samples_lost"] + sharded["samples_lost"],
-        "samples_duplicated": storm["samples_duplicated"] + sharded["samples_duplicated"],
-        "fuzz_frames_rejected_without_crash": fuzzed["rejected"],
-        "throughput_vs_no_kills": storm["steps_per_s"] / calm["steps_per_s"],
-        "recovery_s_by_role": by_kind,
-    }
-    path = write_result("chaos", {"runs": rows, "fuzz": fuzzed}, figures, notes=(
+                 ("rejected_from_live_peers", "rejected (rogue)", ",d"), ("impostor_messages_refused", "impostors refused", ",d"),
+                 ("requests_quarantined", "quarantined", "d")])
+    figures = summarize(runs, fuzzed)
+    path = write_result(args.name, {"runs": rows, "fuzz": fuzzed}, keep_earlier(args.name, figures), notes=(
         "Every run: the tiny model, 2 rollout + 2 reward workers, async_ratio 2, checkpoints every 10 steps, on this "
         "machine's 2 cores. chaos and chaos-2-ranks add a rogue third reward worker (bench/rogue.py: honest answers, then ten "
         "kinds of well-formed but wrong messages after each); chaos-2-ranks trains on two gloo ranks and kills one of them "
@@ -306,8 +408,66 @@ def main() -> None:
         "are quarantined and their groups dropped (listed). Kills are SIGKILL to a role's process group every 4-10 s (a worker only while another of its kind "
         "is up; the trainer once, 40% of the way). noticed: kill -> the coordinator declares the worker lost; back: -> it "
         "says hello again (trainer: -> every role of the resumed run connected); serving: -> a restarted rollout worker serves the "
-        "current weights. throughput_vs_no_kills: training steps per second, chaos run / calm run."))
+        "current weights. throughput_vs_no_kills: training steps per second, chaos run / calm run. impostors: the rogue's "
+        "first answers are each followed by six messages under each of five other roles' names (hellos with its token and "
+        "with forged ones, Fatal, a weight-sync call to another rendezvous, a reward for a real request, a batch request) on "
+        "connections that passed the handshake with its own credential; accepted = sent - refused at the hub. flood: "
+        "bench/flood.py from 16 connections holding reward-1's credential; coordinator_rss_growth_mb: its resident memory "
+        "10 s after the flood's last frame minus when the flood began (peak beside it). torn: checkpoints every 5 steps; "
+        "the launcher and every role SIGKILLed at once 0-2 s after a new checkpoint, then the damage, then --resume; the "
+        "run directory is a 1 GiB tmpfs of its own, filled (full disk) every fourth time instead: the run must stop by itself."))
     print(f"figures: {json.dumps(figures)}\nwrote {path}")
+
+
+def summarize(runs: dict[str, dict], fuzzed: dict) -> dict:
+    """The figures of the runs that ran; each counted only when that run's books are exact."""
+    def whole(r: dict) -> bool:
+        return (r["samples_lost"] == 0 and r["samples_duplicated"] == 0 and r["groups_partial"] == 0
+                and r["groups_trained_and_untrained"] == 0)
+
+    figures: dict = {"fuzz_frames_rejected_without_crash": fuzzed["rejected"]}
+    storm, sharded, calm = runs.get("chaos"), runs.get("chaos-2-ranks"), runs.get("calm")
+    if storm:
+        figures["kills_survived"] = storm["kills"] if whole(storm) else 0
+        by_kind = {}
+        for kind in ("rollout", "reward", "trainer"):
+            rs = [r for r in storm["recovery"] if r["role"].startswith(kind)]
+            by_kind[kind] = {"kills": len(rs), "detected_s": mean(r["detected_s"] for r in rs),
+                             "rejoined_s": mean(r["rejoined_s"] for r in rs), "serving_s": mean(r["serving_s"] for r in rs)}
+        figures["recovery_s_by_role"] = by_kind
+        if calm:
+            figures["throughput_vs_no_kills"] = storm["steps_per_s"] / calm["steps_per_s"]
+    if sharded:
+        figures["kills_survived_sharded"] = sharded["kills"] if whole(sharded) else 0
+    stormy = [r for r in (storm, sharded) if r]
+    if stormy:
+        figures["hostile_messages_sent"] = sum(sum(r["rogue_sent"].values()) for r in stormy)
+        figures["hostile_messages_rejected"] = sum(r["rejected_from_live_peers"] for r in stormy)
+    if poisoned := runs.get("poison"):
+        figures["poison_requests_quarantined"] = poisoned["requests_quarantined"] if whole(poisoned) else 0
+        figures["poison_run_samples_lost"] = poisoned["samples_lost"]
+    if imp := runs.get("impostors"):
+        figures["impersonation_attempts_refused"] = imp["impostor_messages_refused"] if whole(imp) else 0
+        figures["impersonation_attempts_accepted"] = imp["impostor_messages_sent"] - imp["impostor_messages_refused"]
+        figures["impostor_handshakes_refused"] = imp["handshakes_refused"]
+    if fl := runs.get("flood"):
+        f = fl["flood"]
+        verdicts = sum(fl["rejected_frames"].values())
+        done = whole(fl) and verdicts >= f["frames_sent"] and not f["run_ended_first"] and f["flood_status"] == 0
+        figures["hostile_frames_without_crash"] = f["frames_sent"] if done else 0
+        figures["hostile_frames_refused_at_hub"] = verdicts
+        if f["coordinator_rss_mb_after"] is not None:
+            figures["coordinator_rss_growth_mb"] = f["coordinator_rss_mb_after"] - f["coordinator_rss_mb_before"]
+        figures["coordinator_rss_peak_over_start_mb"] = f["coordinator_rss_mb_peak"] - f["coordinator_rss_mb_before"]
+    if torn := runs.get("torn"):
+        cycles = [t for t in torn["torn"] if "resume" in t]
+        figures["torn_resumes"] = len(cycles) if whole(torn) else 0
+        figures["torn_resumes_by_damage"] = dict(Counter(t["damage"] for t in cycles))
+    lost = [r["samples_lost"] for r in runs.values() if r["run"] != "poison"]
+    figures["samples_lost"] = sum(lost)
+    figures["samples_duplicated"] = sum(r["samples_duplicated"] for r in runs.values())
+    figures["bounds"] = {k: v for k, v in BOUNDS.items() if k in figures}
+    return figures
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ BOUNDS = {
                                           "steps_at_0_5b", "weight_sync_vs_raw_broadcast")},
     "peak_memory_vs_naive": ("bound", "<="),
     "real_model_eval_greedy_gain": ("bounds", ""), "real_model_wall_minutes": ("bounds", ""),
+    **{k: ("bounds", "") for k in ("kills_survived", "kills_survived_sharded", "impersonation_attempts_refused",  # bench/chaos.py
+                                   "impersonation_attempts_accepted", "hostile_frames_without_crash",
+                                   "coordinator_rss_growth_mb", "torn_resumes", "samples_lost", "samples_duplicated")},
 }
 
 
@@ -75,7 +78,7 @@ def bounds(d: dict) -> dict[str, tuple[float, str, str, bool]]:
         if isinstance(bound, dict):
             op, bound = bound[fig].split() if fig in bound else ("", None)
         if bound is not None:
-            ok = figs[fig] >= float(bound) if op == ">=" else figs[fig] <= float(bound)
+            ok = {">=": figs[fig] >= float(bound), "<=": figs[fig] <= float(bound), "==": figs[fig] == float(bound)}[op]
             out[fig] = (figs[fig], op, str(bound), ok)
     return out
 
@@ -196,7 +199,16 @@ def trainer_scale(d: dict) -> str:
 def chaos(d: dict) -> str:
     f = d["figures"]
     lost, twice = f["samples_lost"], f["samples_duplicated"]
-    return (f"{f['kills_survived']} and {f['kills_survived_sharded']} kills, a rogue peer, poison requests: "
+    parts = [f"{f['kills_survived']} and {f['kills_survived_sharded']} kills, a rogue peer, poison requests"]
+    if "impersonation_attempts_refused" in f:
+        parts.append(f"{f['impersonation_attempts_refused']:,} messages under others' names refused "
+                     f"({f['impersonation_attempts_accepted']} accepted)")
+    if "hostile_frames_without_crash" in f:
+        parts.append(f"{f['hostile_frames_without_crash']:,} hostile frames through the coordinator "
+                     f"(its memory {f.get('coordinator_rss_growth_mb', float('nan')):+.0f} MB)")
+    if "torn_resumes" in f:
+        parts.append(f"{f['torn_resumes']} torn resumes")
+    return (", ".join(parts) + ": "
             + (f"{lost} samples lost or trained twice" if lost == twice else f"{lost} samples lost, {twice} trained twice"))
 
 
@@ -244,7 +256,7 @@ ENTRIES = {e.result: e for e in [
     Entry("device check", "gpu_check", "gpu_check", "the trainer on one GPU at 1.5B and 7B: speed, memory, MFU, push race",
           gpu_check),
     Entry("trainer scale", "trainer_scale", "trainer_scale", "the trainer and loop at a real model's size on a CPU", trainer_scale),
-    Entry("chaos", "chaos", "chaos", "killed roles, a rogue peer, poison requests", chaos),
+    Entry("chaos", "chaos", "chaos", "killed roles, hostile peers, poison requests, torn resumes", chaos),
     Entry("fuzz", "fuzz", "fuzz", "hostile frames against a live hub", fuzz),
     Entry("simulator", "sim", "sim", "`flashq sim` against real runs and papers", _f(
         "`flashq sim` within {max_abs_error_vs_real_runs:.1%} of real runs ({max_abs_error_held_out_runs:.1%} held out), "

@@ -6,31 +6,45 @@ carrying versions from the future, and the trainer's messages (batch requests, s
 weight-sync calls and replies). The coordinator must reject each with a counted reason and
 leave the books as they were. Started with `flashq launch --external reward-N`.
 
-    python bench/rogue.py RUN_DIR/config.yaml ADDRESS reward-2 COUNTS.json
+With IMPOSTOR_ANSWERS, after each of its first that many answers it also speaks under the other
+roles' names: on connections that pass the handshake with its own credential but are named
+trainer, rollout-N, reward-N (hellos with its token and with forged ones, `Fatal`s, weight-sync
+calls pointing the engines elsewhere, rewards for real requests, batch requests), each of which
+the hub must refuse and count; and from links that try the handshake under those names with its
+token, which must never get a frame in.
+
+    python bench/rogue.py RUN_DIR/config.yaml ADDRESS reward-2 COUNTS.json [IMPOSTOR_ANSWERS]
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import zmq
+import zmq.asyncio
 from msgspec.structs import replace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flashq.codec import Encoder  # noqa: E402
 from flashq.config import load_config  # noqa: E402
+from flashq.credentials import own_token  # noqa: E402
 from flashq.protocol import (  # noqa: E402
-    BatchRequest, RewardResult, Sample, ScoreRequest, Shutdown, StepStats, WeightSyncCall, WeightSyncReply,
+    BatchRequest, Fatal, RewardResult, Sample, ScoreRequest, Shutdown, StepStats, WeightSyncCall, WeightSyncReply,
 )
 from flashq.rewards.runner import RewardRunner  # noqa: E402
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model  # noqa: E402
 from flashq.roles.reward import RewardScorer  # noqa: E402
 from flashq.transport import PeerLost  # noqa: E402
+
+OTHERS = ("trainer", "rollout-0", "rollout-1", "reward-0", "reward-1")
 
 
 def hostile(req: ScoreRequest, answered: RewardResult) -> list[tuple[str, object]]:
@@ -54,7 +68,48 @@ def hostile(req: ScoreRequest, answered: RewardResult) -> list[tuple[str, object
     ]
 
 
-async def session(cfg, address: str, role: str, sent: Counter, out: Path) -> bool:
+class Impostors:
+    """Connections named as the other roles that pass the handshake as `role` (with its token), and
+    connections that try the handshake as the other roles with that token (refused there)."""
+
+    def __init__(self, address: str, role: str):
+        self.token = own_token()
+        self.socks = {name: self._socket(address, name, role) for name in OTHERS}
+        self.encoder = Encoder()
+        self.refused = []
+        for name in OTHERS:  # each queues a Fatal as it connects; its handshake fails, so it is never delivered
+            sock = self._socket(address, name, name)
+            sock.send_multipart(self.encoder.encode(Fatal(role=name, reason="an impostor stops the run")), flags=zmq.NOBLOCK)
+            self.refused.append(sock)
+
+    def _socket(self, address: str, name: str, user: str) -> zmq.asyncio.Socket:
+        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, f"{name}#{secrets.token_hex(4)}".encode())
+        sock.plain_username, sock.plain_password = user.encode(), self.token.encode()
+        sock.connect(address)
+        return sock
+
+    async def burst(self, req: ScoreRequest, sent: Counter) -> None:
+        for name, sock in self.socks.items():
+            for kind, msg in [
+                ("hello with this worker's token", hello(name, token=self.token, rendezvous="203.0.113.7:29500")),
+                ("hello with a forged token", hello(name, token=secrets.token_hex(16))),
+                ("fatal", Fatal(role=name, reason="an impostor stops the run")),
+                ("weight-sync call to another rendezvous", WeightSyncCall(
+                    call_id=10**6, method="init_weight_transfer_engine", payload={"master_address": "203.0.113.7", "master_port": 29500})),
+                ("reward for a real request", RewardResult(req.sample.request_id, 1.0)),
+                ("batch request", BatchRequest(credits=8)),
+            ]:
+                await sock.send_multipart(self.encoder.encode(msg))
+                sent[f"impostor: {kind}"] += 1
+
+    def close(self) -> None:
+        for sock in [*self.socks.values(), *self.refused]:
+            sock.close(linger=0)
+
+
+async def session(cfg, address: str, role: str, sent: Counter, out: Path, impostor_answers: int) -> bool:
     """One connection; True once the run is over."""
     from transformers import AutoTokenizer
 
@@ -62,6 +117,8 @@ async def session(cfg, address: str, role: str, sent: Counter, out: Path) -> boo
     runner = RewardRunner(cfg.reward.function, "thread", 1, cfg.reward.timeout_s)
     scorer = RewardScorer(runner, lambda ids: tokenizer.decode(ids.tolist(), skip_special_tokens=True))
     link = connect(cfg, address, role)
+    impostors = Impostors(address, role) if impostor_answers else None
+    answers = 0
     try:
         await handshake(link, cfg, hello(role))
         beat = asyncio.create_task(heartbeat(link, cfg))
@@ -74,6 +131,9 @@ async def session(cfg, address: str, role: str, sent: Counter, out: Path) -> boo
                     for kind, bad in hostile(msg, result):
                         await link.send(bad)
                         sent[kind] += 1
+                    answers += 1
+                    if impostors is not None and answers <= impostor_answers and msg.sample.request_id[-1].isdigit():
+                        await impostors.burst(msg, sent)
                     out.write_text(json.dumps(dict(sent)))  # the bench may kill this process at any time
                 elif isinstance(msg, Shutdown):
                     return not msg.restart
@@ -82,15 +142,17 @@ async def session(cfg, address: str, role: str, sent: Counter, out: Path) -> boo
     finally:
         runner.close()
         link.close()
+        if impostors is not None:
+            impostors.close()
 
 
-async def main(config: Path, address: str, role: str, out: Path) -> None:
+async def main(config: Path, address: str, role: str, out: Path, impostor_answers: int = 0) -> None:
     cfg = load_config(config, [])
     sent: Counter = Counter()
     try:
         while True:  # the coordinator restarts when the run resumes from a checkpoint: join it again
             try:
-                if await session(cfg, address, role, sent, out):
+                if await session(cfg, address, role, sent, out, impostor_answers):
                     return
             except (PeerLost, RuntimeError, asyncio.TimeoutError):
                 await asyncio.sleep(1)
@@ -99,4 +161,4 @@ async def main(config: Path, address: str, role: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])))
+    asyncio.run(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0))

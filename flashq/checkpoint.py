@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -32,6 +33,8 @@ import msgspec
 import numpy as np
 
 from flashq.jsonl import fsync_path
+
+log = logging.getLogger(__name__)
 from flashq.protocol import RewardResult, Sample
 
 STATE_SCHEMA = 1
@@ -186,6 +189,9 @@ def complete(run_dir: Path, version: int, state: OrchestratorState, keep: int) -
     if why := problem(tmp):
         raise RuntimeError(f"checkpoint {tmp} does not read back: {why}")
     final = step_dir(run_dir, version)
+    if final.exists():  # one `latest` fell back past (torn): this run resumed before it, and has come back to its step
+        log.warning("replacing checkpoint %s, which did not read back (%s)", final, problem(final))
+        shutil.rmtree(final)
     tmp.rename(final)
     fsync_path(final.parent)
     # only older ones: the trainer may already be writing a newer step-M.tmp

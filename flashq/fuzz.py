@@ -3,7 +3,9 @@
 `frames(n, seed)` yields n multipart messages, each either pure noise or a real message (of every
 kind the protocol has) with bytes flipped, truncated, extended, dropped or duplicated frames, or
 a header that lies about its arrays. A role must reject every one with a reason and carry on;
-`tests/unit/test_fuzz.py` and `bench/fuzz.py` check that.
+`tests/unit/test_fuzz.py` and `bench/fuzz.py` check that. `hostile` adds what would exhaust a
+receiver: deep nesting, huge multi-part messages, floods of schema versions (`bench/flood.py`
+sends it through a live coordinator's socket).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
+import msgspec
 import numpy as np
 
 from flashq import protocol as P
 from flashq.codec import Encoder
+from flashq.protocol import SCHEMA_VERSION
 
 
 def samples_of_every_kind() -> list[P.Message]:
@@ -65,3 +69,54 @@ def frames(n: int, seed: int = 0) -> Iterator[list[bytes]]:
             yield [rng.randbytes(rng.randint(0, 200)) for _ in range(rng.randint(1, 3))]
         else:
             yield _mutate(rng, rng.choice(valid))
+
+
+# What a peer that passed the handshake could send to exhaust the receiver rather than confuse it.
+
+def _envelope(body: bytes, schema: int = SCHEMA_VERSION) -> bytes:
+    return msgspec.msgpack.encode([schema, msgspec.Raw(body)])
+
+
+def deeply_nested(depth: int) -> list[bytes]:
+    """A score request whose task holds lists nested `depth` deep: msgspec recurses once per level."""
+    marker = "\x00nest\x00"
+    sample = P.Sample("g1/0", "g1", 0, np.arange(4, dtype=np.int32), np.zeros(4, np.float32), np.zeros(4, np.int32), "stop")
+    body = msgspec.msgpack.encode(P.ScoreRequest(sample, {"x": marker}), enc_hook=_inline_arrays)
+    return [_envelope(body.replace(msgspec.msgpack.encode(marker), b"\x91" * depth + b"\xc0"))]
+
+
+def huge_multipart(parts: int, part_bytes: int) -> list[bytes]:
+    """A heartbeat followed by `parts` data frames nothing references: the receiver holds the
+    whole message before it can look at it."""
+    block = bytes(part_bytes)
+    return [_envelope(msgspec.msgpack.encode(P.Heartbeat(1.0))), *([block] * parts)]
+
+
+def other_schema(version: int) -> list[bytes]:
+    """A valid heartbeat under another schema version (a flood of distinct ones must not grow the books)."""
+    return [_envelope(msgspec.msgpack.encode(P.Heartbeat(1.0)), schema=version)]
+
+
+def _inline_arrays(obj):
+    if isinstance(obj, np.ndarray):
+        return [obj.dtype.str, list(obj.shape), obj.tobytes()]
+    raise TypeError(type(obj).__name__)
+
+
+def hostile(n: int, seed: int, max_message_bytes: int) -> Iterator[list[bytes]]:
+    """`frames` with exhaustion mixed in: one in ten a heartbeat under a random schema version, one
+    in fifty nested 1,000 to 100,000 levels deep, one in 20,000 a multi-part message of 1 MiB
+    parts just over `max_message_bytes` in all (or 64 parts when that is under a part)."""
+    rng = random.Random(seed)
+    mutated = frames(n, seed)
+    part = min(1 << 20, max_message_bytes)
+    for _ in range(n):
+        x = rng.random()
+        if x < 0.1:
+            yield other_schema(rng.randrange(2**31))
+        elif x < 0.12:
+            yield deeply_nested(rng.randint(1_000, 100_000))
+        elif x < 0.12005:
+            yield huge_multipart(max(64, max_message_bytes // part + 1), part)
+        else:
+            yield next(mutated)

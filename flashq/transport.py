@@ -20,6 +20,10 @@ under its role's name and a random suffix (so no two connections share a ZeroMQ 
 hub given `credentials` hears a connection only once its `Hello` carried the name's token
 (flashq/credentials.py); the name is then routed to that connection alone, until a newer one
 proves the same name (a restarted role). Everything else sent under a name is refused, counted.
+Without CurveZMQ the token is also checked at the handshake (ZeroMQ's PLAIN mechanism, user name
+and password = role name and token): a peer holding no role's token never gets a frame into the
+coordinator, so it cannot make libzmq buffer anything (a multi-part message is held whole, up to
+the size limit per part and the high-water mark in messages, before the application sees it).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 import zmq.auth
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from flashq.codec import BUNDLE_BYTES, MAX_BUNDLE, Decoder, Encoder, RejectedFrame, frames_nbytes, pack, unpack
 from flashq.protocol import Hello, Message
@@ -108,6 +113,13 @@ class _Codec:
             log.warning("rejected frame from %s (%d so far): %s", peer or "?", count, err.reason)
 
 
+HANDSHAKE_REFUSED = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "not this name's token (is it this run's? `flashq token ROLE --run-dir DIR`)",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "no credential, or another mechanism (CurveZMQ on one side only?)",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed",
+}
+HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL \
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 MAX_REJECT_KEYS = 64
 MAX_PEERS_SEEN = 4096  # identities are the peer's choice: a flood of new ones must not grow the map
 
@@ -151,15 +163,21 @@ class Hub:
         self.routes: dict[str, bytes] = {}  # name -> the connection it is sent to (the last to prove it)
         self.auth = None
         if curve_keys is not None:
-            from zmq.auth.asyncio import AsyncioAuthenticator
-
             public, secret = _load(curve_keys, "server.key_secret")
             self.auth = AsyncioAuthenticator(self.ctx)
             self.auth.start()
             self.auth.configure_curve(domain="*", location=str(Path(curve_keys) / "clients"))
             self.sock.curve_server = True
             self.sock.curve_publickey, self.sock.curve_secretkey = public, secret
-        self.sock.bind(address)
+        elif credentials is not None:
+            self.auth = _RoleAuthenticator(self.ctx, credentials)
+            self.auth.start()
+            self.sock.plain_server = True
+        try:
+            self.sock.bind(address)
+        except zmq.ZMQError:
+            self.close()  # the authenticator's endpoint too: one per context, the next hub binds it
+            raise
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.codec = _Codec(max_message_bytes)
         self.last_seen: dict[str, float] = {}
@@ -226,7 +244,7 @@ class Hub:
         admitted = []
         for m in self.codec.decode_all(peer, frames):
             try:
-                if self._admit(peer, route, m):
+                if self._admit(peer, route, m, frames):
                     admitted.append(m)
             except Exception as e:  # a check that breaks on a hostile message refuses it, and the loop goes on
                 self.codec.reject(peer, RejectedFrame(f"admission error: {type(e).__name__}: {e}"))
@@ -238,12 +256,14 @@ class Hub:
             del self.last_seen[next(iter(self.last_seen))]
         self.inbox.extend((peer, m) for m in admitted)
 
-    def _admit(self, peer: str, route: bytes, msg: Message) -> bool:
+    def _admit(self, peer: str, route: bytes, msg: Message, frames: list) -> bool:
         """Whether `msg` is heard: from the connection `peer` is routed to, or a hello proving the
-        name (which routes it here). Without credentials the last connection to send under a name is it."""
+        name (which routes it here) on a connection whose handshake proved the same name. Without
+        credentials the last connection to send under a name is it."""
         if self.routes.get(peer) == route:
             return True
-        proven = isinstance(msg, Hello) and self.credentials is not None and self.credentials.verify(peer, msg.token)
+        token_ok = isinstance(msg, Hello) and self.credentials is not None and self.credentials.verify(peer, msg.token)
+        proven = token_ok and self._handshake_proved(peer, frames)
         if proven and peer in self.routes and not self.takeover(peer):
             self.codec.reject(peer, RejectedFrame(f"a second connection proving a name that cannot restart: {peer}"))
             return False
@@ -253,13 +273,31 @@ class Hub:
             if len(self.routes) > MAX_PEERS_SEEN:
                 del self.routes[next(iter(self.routes))]
             return True
-        why = "hello with a wrong credential" if isinstance(msg, Hello) else "from a connection that has not proven its name"
+        if token_ok:
+            why = "hello on a connection whose handshake proved another name"
+        else:
+            why = "hello with a wrong credential" if isinstance(msg, Hello) else "from a connection that has not proven its name"
         self.codec.reject(peer, RejectedFrame(f"{why}: {type(msg).__name__} as {peer}"))
         return False
+
+    def _handshake_proved(self, peer: str, frames: list) -> bool:
+        """Under PLAIN the handshake's user name is the name whose token it gave: it must be the
+        name this connection speaks as (holding reward-2's token, a connection named trainer
+        passes the handshake as reward-2, and no further)."""
+        if not isinstance(self.auth, _RoleAuthenticator):
+            return True
+        return frames[-1].get("User-Id") == peer
 
     @property
     def rejected(self) -> Counter[str]:
         return self.codec.rejected
+
+    @property
+    def handshakes_refused(self) -> int:
+        """Connections refused at the handshake for a token that is not their name's. (A peer with
+        no credential at all fails earlier, on the mechanism, and is not counted; a refused
+        connection is not tried again by libzmq.)"""
+        return self.auth.refused if isinstance(self.auth, _RoleAuthenticator) else 0
 
     def silent_peers(self, peers: list[str], timeout_s: float) -> list[str]:
         now = time.monotonic()
@@ -271,11 +309,30 @@ class Hub:
             self.auth.stop()
 
 
+class _RoleAuthenticator(AsyncioAuthenticator):
+    """The hub's ZAP handler under PLAIN: the user name is a role's name, the password its token."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, credentials) -> None:
+        super().__init__(ctx)
+        self.credentials = credentials
+        self.refused = 0
+
+    def _authenticate_plain(self, domain: str, username: str, password: str) -> tuple[bool, bytes]:
+        if self.credentials.verify(username, password):
+            return True, b"OK"
+        self.refused += 1
+        if self.refused <= 3 or self.refused % 1000 == 0:
+            log.warning("refused a connection at its handshake (%d so far): no token for the name %r", self.refused, username[:64])
+        return False, b"not this name's token"
+
+
 class Link:
     """A role's DEALER connection to the coordinator."""
 
     def __init__(self, address: str, identity: str, *, hwm: int = 1000, max_message_bytes: int = 1 << 30,
-                 curve_keys: Path | None = None):
+                 curve_keys: Path | None = None, token: str = ""):
+        """`token`: the role's credential, given at the handshake (PLAIN) when there is no CurveZMQ;
+        a hub with credentials takes no connection without one."""
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         _configure(self.sock, hwm, max_message_bytes)
@@ -283,6 +340,9 @@ class Link:
         if curve_keys is not None:
             self.sock.curve_serverkey = _load(curve_keys, "server.key")[0]
             self.sock.curve_publickey, self.sock.curve_secretkey = _load(curve_keys, "client.key_secret")
+        elif token:
+            self.sock.plain_username, self.sock.plain_password = identity.encode(), token.encode()
+        self._monitor = self.sock.get_monitor_socket(HANDSHAKE_EVENTS)  # before connecting: no event is missed
         self.sock.connect(address)
         self.identity = identity
         self.codec = _Codec(max_message_bytes)
@@ -322,6 +382,32 @@ class Link:
         if self._bundle is not None and self._bundle[1] is sent:
             self._bundle = None
 
+    async def handshake(self, timeout_s: float) -> None:
+        """Until the coordinator has taken this connection. A refused one is never tried again by
+        libzmq and anything sent on it would wait for ever: say why instead."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        if self._monitor is None:
+            return
+        try:
+            while True:
+                event = (await asyncio.wait_for(recv_monitor_message(self._monitor), timeout_s))["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    return
+                if event in HANDSHAKE_REFUSED:
+                    raise PeerLost(f"{self.identity}: the coordinator refused this connection at its handshake: "
+                                   f"{HANDSHAKE_REFUSED[event]}")
+        except asyncio.TimeoutError:
+            raise PeerLost(f"{self.identity}: no coordinator took this connection within {timeout_s:.0f}s") from None
+        finally:
+            self._stop_monitor()
+
+    def _stop_monitor(self) -> None:
+        if self._monitor is not None:
+            self.sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+
     async def recv(self) -> Message:
         while not self.inbox:
             frames = await self.sock.recv_multipart(copy=False)
@@ -343,4 +429,5 @@ class Link:
         return time.monotonic() - self.last_seen
 
     def close(self) -> None:
+        self._stop_monitor()
         self.sock.close(linger=0)

@@ -55,10 +55,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def connect(cfg: FlashqConfig, address: str, role: str) -> Link:
     t = cfg.transport
-    return Link(address, role, hwm=t.hwm, max_message_bytes=cfg.message_limit_bytes, curve_keys=t.curve_keys)
+    return Link(address, role, hwm=t.hwm, max_message_bytes=cfg.message_limit_bytes, curve_keys=t.curve_keys, token=own_token())
 
 
 async def handshake(link: Link, cfg: FlashqConfig, hello: Hello) -> Start:
+    await link.handshake(cfg.transport.startup_timeout_s)
     await link.send(hello)
     while True:
         msg = await link.recv_within(cfg.transport.startup_timeout_s, "start message (the coordinator hears a role only "

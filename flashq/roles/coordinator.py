@@ -111,6 +111,39 @@ class Coordinator(StepMetrics):
         t = self.cfg.transport
         self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=self.cfg.message_limit_bytes, curve_keys=t.curve_keys,
                        credentials=RunCredentials.ensure(self.run_dir))  # a role is heard once it proves its name
+        try:
+            await self._run_on_hub()
+        finally:
+            self.hub.close()  # its socket and authenticator (one per process: the next hub binds it)
+
+    async def _run_on_hub(self) -> None:
+        self._prepare()
+        self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.log.tensorboard)
+        ok = False
+        try:
+            lc = self.cfg.log
+            self.metrics.trackers = make_trackers(lc.trackers, lc.project, self.run_dir, self.cfg.model_dump(mode="json"))
+            await self._startup()
+            async with asyncio.TaskGroup() as tg:
+                ticker = tg.create_task(self._tick())
+                await self._serve()
+                ticker.cancel()
+            await self._broadcast(Shutdown(reason="training finished"))
+            ok = True
+        except BaseException as e:
+            reason = e.exceptions[0] if isinstance(e, BaseExceptionGroup) else e
+            await self._broadcast(Shutdown(reason=f"coordinator stopping: {reason}"))
+            raise
+        finally:
+            try:
+                self._write_ledger()
+                self.metrics.close(ok)
+            finally:
+                await asyncio.sleep(0.2)  # the shutdown messages leave before the socket closes
+
+    def _prepare(self) -> None:
+        """What the run needs before the roles connect: the hub's rules, the orchestrator, a resume's state."""
+        t = self.cfg.transport
         # a name moves to a newer connection during start-up, and later for workers that restart
         self.hub.takeover = lambda name: not self.alive or (self.tolerant and name in self.rollouts + self.rewards)
         log.info("coordinator listening on %s", self.hub.address)
@@ -134,27 +167,6 @@ class Coordinator(StepMetrics):
             books = self.orch.ledger  # per-step rates count from the restored books, not from zero
             self.prev_tokens, self.prev_dropped = books.tokens_received, books.groups_dropped
             self.prev_scored = (books.rewards_received, books.reward_sum)
-        self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.log.tensorboard)
-        ok = False
-        try:
-            lc = self.cfg.log
-            self.metrics.trackers = make_trackers(lc.trackers, lc.project, self.run_dir, self.cfg.model_dump(mode="json"))
-            await self._startup()
-            async with asyncio.TaskGroup() as tg:
-                ticker = tg.create_task(self._tick())
-                await self._serve()
-                ticker.cancel()
-            await self._broadcast(Shutdown(reason="training finished"))
-            ok = True
-        except BaseException as e:
-            reason = e.exceptions[0] if isinstance(e, BaseExceptionGroup) else e
-            await self._broadcast(Shutdown(reason=f"coordinator stopping: {reason}"))
-            raise
-        finally:
-            self._write_ledger()
-            self.metrics.close(ok)
-            await asyncio.sleep(0.2)
-            self.hub.close()
 
     # ------------------------------------------------------------ startup
 
@@ -484,6 +496,7 @@ class Coordinator(StepMetrics):
             return
         books = self.orch.ledger.summary(self.orch.buffer)
         books["rejected_frames"] = dict(self.hub.rejected)
+        books["handshakes_refused"] = self.hub.handshakes_refused
         books["trained_steps"] = self.orch.trained_version
         books["finished"] = self.orch.done
         books["groups_untrained_at_finish"] = self._untrained()

@@ -17,14 +17,25 @@ from tests.integration.helpers import ROOT, launch, launch_cmd, read_jsonl, trai
 pytestmark = pytest.mark.slow
 
 
-def send_garbage(port: int, stop: threading.Event, sent: list):
-    """A stray peer that keeps sending junk frames to the coordinator during the run."""
+def send_garbage(port: int, run_dir, stop: threading.Event, sent: list):
+    """A peer holding reward-0's token (leaked) that keeps sending junk frames to the coordinator
+    during the run, under a name it never proves."""
+    from flashq.credentials import RunCredentials
+
+    while not (run_dir / "credentials.key").exists() and not stop.is_set():
+        time.sleep(0.05)
+    if stop.is_set():
+        return
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.plain_username, sock.plain_password = b"reward-0", RunCredentials.load(run_dir).token("reward-0").encode()
     sock.connect(f"tcp://127.0.0.1:{port}")
     while not stop.is_set():
-        sock.send_multipart([b"\x92\x01\xc1not msgpack"], copy=True)
-        sent.append(1)
+        try:
+            sock.send_multipart([b"\x92\x01\xc1not msgpack"], flags=zmq.NOBLOCK)
+            sent.append(1)
+        except zmq.Again:  # not connected yet
+            pass
         time.sleep(0.2)
     sock.close()
 
@@ -54,7 +65,7 @@ def test_async_run_keeps_staleness_bounded_and_trains_every_sample_once(tmp_path
 
     port = free_port()
     stop, sent = threading.Event(), []
-    rogue = threading.Thread(target=send_garbage, args=(port, stop, sent), daemon=True)
+    rogue = threading.Thread(target=send_garbage, args=(port, tmp_path, stop, sent), daemon=True)
     rogue.start()
     try:
         proc = launch(tmp_path, ["async_ratio=2", "trainer.steps=8", f"transport.port={port}"])

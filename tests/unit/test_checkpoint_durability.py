@@ -143,3 +143,19 @@ def test_a_role_that_hits_a_full_disk_exits_so_the_launcher_stops(small_disk):
         raise ValueError("anything else")
 
     assert run_role("trainer", other, lambda: None) == 1
+
+
+def test_a_step_written_again_replaces_the_torn_checkpoint_resume_fell_back_past(tmp_path):
+    """Resumed from step 2 past a torn step 4, the run comes back to step 4: its new checkpoint
+    takes the torn one's place (a rename onto the old directory would fail, and every resume
+    after it with it)."""
+    for v in (2, 4):
+        trainer_half(tmp_path, v)
+        complete(tmp_path, v, state(v), keep=10)
+    for f in step_dir(tmp_path, 4).rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"")  # a crash emptied it
+    assert latest(tmp_path).name == "step-000002"
+    trainer_half(tmp_path, 4)
+    complete(tmp_path, 4, state(4), keep=10)
+    assert latest(tmp_path).name == "step-000004" and problem(step_dir(tmp_path, 4)) is None
