@@ -16,7 +16,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# bench/all.py --quick points this at bench/results/quick, so a reduced-size run never replaces a reported file
+RESULTS = Path(os.environ.get("FLASHQ_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def machine() -> dict:
@@ -83,6 +85,14 @@ def run_timed(cmd: list[str], what: str, logs: Path) -> float:
     if proc.returncode != 0:
         raise SystemExit(f"{what} failed (exit {proc.returncode}); its logs are in {logs}")
     return wall
+
+
+def plot_path(name: str) -> Path:
+    """Where a benchmark's plot goes: docs/<name>, or beside the results when FLASHQ_BENCH_RESULTS
+    redirects them (a quick sweep), so a reduced-size run never replaces a published plot."""
+    folder = RESULTS if os.environ.get("FLASHQ_BENCH_RESULTS") else DOCS
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
 
 
 def write_result(name: str, results: list[dict] | dict, figures: dict, notes: str = "") -> Path:

@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import print_table, write_result  # noqa: E402
+from bench.common import plot_path, print_table, write_result  # noqa: E402
 from flashq.metrics import read_metrics  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"
@@ -143,7 +143,7 @@ def main() -> None:
         "steps": args.steps,
     }
     if len(args.seeds) >= 3:
-        plot(rows, budget, ROOT / "docs" / "dynamic_sampling.png")
+        plot(rows, budget, plot_path("dynamic_sampling.png"))
     path = write_result("dynamic_sampling", rows, figures,
                         notes="Same SFT checkpoint, task, seeds; alpha 2; only trainer.dynamic_sampling differs. Rewards are "
                               "reward/scored_mean (every sample the rollout scored) over the last 10% of the sample budget "

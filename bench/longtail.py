@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import keep_earlier, plot_path, print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.scheduling.lengths import forced_length  # noqa: E402
 
@@ -269,8 +269,7 @@ def main() -> None:
          ("makespan_vs_fifo", "makespan vs FIFO", ".2f"), ("makespan_vs_oracle", "vs oracle", ".2f"),
          ("tokens_per_s", "tokens/s", ",.0f")],
     )
-    (ROOT / "docs").mkdir(exist_ok=True)
-    plot(rows, ROOT / "docs" / "longtail.png")
+    plot(rows, plot_path("longtail.png"))
     best = divided(picked)[0]
     chosen = by_policy[best]
     figures = {

@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import print_table, write_result  # noqa: E402
+from bench.common import plot_path, print_table, write_result  # noqa: E402
 from flashq.metrics import read_metrics  # noqa: E402
 from flashq.report import smooth  # noqa: E402
 
@@ -137,10 +137,8 @@ def main() -> None:
         "wall_ratio_alpha2_vs_sync": mean(2.0, "rl_minutes") / mean(0.0, "rl_minutes"),
         "seeds": len(args.seeds),
     }
-    docs = ROOT / "docs"
-    docs.mkdir(exist_ok=True)
     if not args.overrides and len(args.seeds) >= 3:
-        plot(rows, docs / "parity.png")
+        plot(rows, plot_path("parity.png"))
     path = write_result("parity", {"summary": summary, "runs": rows}, figures,
                         notes="Same SFT checkpoint, task, seeds and samples per run; only async_ratio differs. "
                               "reward_final: mean batch reward over the last 10% of steps. wall ratio: RL time "

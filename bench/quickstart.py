@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, run_timed, write_result  # noqa: E402
+from bench.common import keep_earlier, plot_path, print_table, run_timed, write_result  # noqa: E402
 
 
 def seed_overrides(seed: int) -> list[str]:
@@ -57,8 +57,7 @@ def main() -> None:
             work = (args.keep or Path(tmp)) / f"seed-{seed}"
             wall, summary = run_quickstart(work / "run", work / "sft", [*seed_overrides(seed), *args.overrides])
             if seed == 0 and not args.overrides:
-                (ROOT / "docs").mkdir(exist_ok=True)
-                shutil.copy(work / "run" / "report.png", ROOT / "docs" / "quickstart.png")
+                shutil.copy(work / "run" / "report.png", plot_path("quickstart.png"))
             rows.append(result_row(seed, wall, summary))
             summaries.append(summary)
 

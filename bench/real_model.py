@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, run_timed, write_result  # noqa: E402
+from bench.common import keep_earlier, plot_path, print_table, run_timed, write_result  # noqa: E402
 from bench.quickstart import seed_overrides  # noqa: E402
 
 
@@ -76,7 +76,7 @@ def main() -> None:
             work = (args.keep or Path(tmp)) / f"seed-{seed}"
             wall, summary = run_once(work, [*seed_overrides(seed), *args.overrides])
             if seed == args.seeds[0] and args.name == "real_model" and not args.overrides:
-                shutil.copy(work / "run" / "report.png", ROOT / "docs" / "real_model.png")
+                shutil.copy(work / "run" / "report.png", plot_path("real_model.png"))
             rows.append(result_row(seed, wall, summary))
             summaries.append(summary)
             shutil.rmtree(work / "cache", ignore_errors=True)  # 540 MB a seed

@@ -373,14 +373,16 @@ def save(name: str, rows: list[dict], args, layers: int | None) -> Path:
              f"The parent kills a child above {args.limit_gib:g} GiB RSS, or when the shared host's available memory "
              f"falls below {args.reserve_gib:g} GiB: 'did not fit'. peak_memory_vs_naive = "
              "bounded / naive peak_extra at the largest micro-batch the naive path survives.")
-    # bench/scale_loop.py adds the whole loop's figures and section to the same file: keep them
+    # bench/scale_loop.py adds the whole loop's figures and sections (loop, and the loop_* kept beside it by
+    # hand) to the same file: keep them, so a rerun of this part (bench/all.py runs both) loses none
     path = RESULTS / f"{name}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    kept = {k: v for k, v in old.get("figures", {}).items() if k.startswith(("steps_at_", "weight_sync_"))}
+    kept = {k: v for k, v in old.get("figures", {}).items() if k.startswith(("steps_at_", "weight_sync_", "step_interval_"))}
     path = write_result(name, rows, {**figures_from(rows), **kept}, notes=notes)
-    if "loop" in old:
+    loops = {k: v for k, v in old.items() if k.startswith("loop")}
+    if loops:
         doc = json.loads(path.read_text())
-        doc["loop"] = old["loop"]
+        doc.update(loops)
         path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
 

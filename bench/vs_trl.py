@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
-from bench.common import RESULTS, cpu_model, git_commit, print_table, write_result  # noqa: E402
+from bench.common import RESULTS, cpu_model, git_commit, plot_path, print_table, write_result  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -377,7 +377,7 @@ def main() -> None:
     for k, v in figures.items():
         if k.startswith("job_") and not isinstance(v, dict):
             print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
-    plot(curves, ROOT / "docs" / "vs_trl.png")
+    plot(curves, plot_path("vs_trl.png"))
     write_result("vs_trl", rows, figures, notes="Each row carries the commit it ran at; figures.earlier keeps what reruns replaced.")
     (RESULTS / "vs_trl_curves.json").write_text(json.dumps(curves))
 

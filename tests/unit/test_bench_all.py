@@ -1,0 +1,160 @@
+"""bench/all.py, the benchmark sweep: its bounds, figure comparison and drift, its plan. Nothing runs
+a benchmark here; each test fails when the logic it names breaks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import all as sweep
+from bench import common, figures
+from bench.sweep_plan import BENCHES, SKIPPED, Bench
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("text, want", [(">= 0.25", (">=", 0.25)), ("<= 20", ("<=", 20.0)), ("== 0", ("==", 0.0)),
+                                        ("<0.5", ("<", 0.5)), (" > -1e-3 ", (">", -0.001))])
+def test_parse_bound_reads_a_side_and_a_number(text, want):
+    assert sweep.parse_bound(text) == want
+
+
+@pytest.mark.parametrize("text", ["=> 2", "about 3", ">= ", "20", ""])
+def test_parse_bound_refuses_what_is_not_a_bound(text):
+    with pytest.raises(ValueError):
+        sweep.parse_bound(text)
+
+
+def test_meets_each_side_at_its_edge():
+    assert sweep.meets(0.25, ">=", 0.25) and not sweep.meets(0.24, ">=", 0.25)
+    assert sweep.meets(20, "<=", 20) and not sweep.meets(20.1, "<=", 20)
+    assert sweep.meets(0, "==", 0) and not sweep.meets(1, "==", 0)
+    assert not sweep.meets(1, ">", 1) and sweep.meets(0.9, "<", 1)
+
+
+def test_judge_bounds_reads_a_bounds_dict_and_bare_bound_numbers():
+    figs = {"real_model_wall_minutes": 20.3, "samples_lost": 0, "bounds": {"real_model_wall_minutes": "<= 20", "samples_lost": "== 0"},
+            "lora_reward_gain": 0.3, "lora_reward_gain_bound": 0.2,
+            "adapter_push_bytes_vs_full": 0.1, "adapter_push_bytes_vs_full_bound": 0.05,
+            "reward_gain": 0.5}  # no reward_gain_bound here: no bound
+    got = {r["figure"]: (r["bound"], r["met"]) for r in sweep.judge_bounds(figs)}
+    assert got == {"real_model_wall_minutes": ("<= 20", False), "samples_lost": ("== 0", True),
+                   "lora_reward_gain": (">= 0.2", True), "adapter_push_bytes_vs_full": ("<= 0.05", False)}
+
+
+def test_a_bound_on_a_missing_figure_is_neither_met_nor_failed():
+    [row] = sweep.judge_bounds({"bounds": {"x": ">= 1"}})
+    assert row["met"] is None
+
+
+def test_judge_bounds_agrees_with_the_docs_tables_on_every_result_file():
+    for entry in figures.ENTRIES.values():
+        data = json.loads((figures.RESULTS / f"{entry.result}.json").read_text())
+        docs = {fig: ok for fig, (_, _, _, ok) in figures.bounds(data).items()}
+        ours = {r["figure"]: r["met"] for r in sweep.judge_bounds(data["figures"]) if r["met"] is not None}
+        assert ours == docs, entry.result
+
+
+def test_flatten_joins_nested_names_with_dots_and_drops_the_archive():
+    flat = sweep.flatten({"a": 1, "by_role": {"trainer": {"s": 2.0}}, "xs": [1, 2], "earlier": [{"a": 0}]})
+    assert flat == {"a": 1, "by_role.trainer.s": 2.0, "xs": [1, 2]}
+
+
+def test_spread_is_the_range_of_the_values_listed_beside_a_figure():
+    flat = {"reward_gain_per_seed": [0.1, 0.4, 0.2], "x_spread": [1.0, 1.5], "y_by_round": [2.0],
+            "eval_greedy_gain_per_seed": [0.3, 0.6], "eps_alpha2_without_redundancy_vs_sync_spread": [0.5, 9.0]}
+    assert sweep.spread("reward_gain", flat) == pytest.approx(0.3)
+    assert sweep.spread("x", flat) == pytest.approx(0.5)
+    assert sweep.spread("y", flat) is None  # one round: no range
+    assert sweep.spread("real_model_eval_greedy_gain", flat) == pytest.approx(0.3)  # the list names the figure's tail
+    assert sweep.spread("eps_alpha2_vs_sync", flat) is None  # another figure's list
+
+
+def test_widest_spreads_takes_the_widest_any_file_records():
+    one, other = {"figures": {"g": 1, "g_per_seed": [1, 2]}}, {"figures": {"g_per_seed": [0, 3]}}
+    assert sweep.widest_spreads(["g", "h"], one, None, other) == {"g": 3}
+
+
+def test_compare_flags_a_move_beyond_the_tolerance_only():
+    rows = {r["figure"]: r for r in sweep.compare({"a": 1.0, "b": 1.0}, {"a": 1.1, "b": 1.2}, ["a", "b"], {}, 0.15)}
+    assert rows["a"]["moved"] is False and rows["b"]["moved"] is True
+    assert rows["b"]["change"] == pytest.approx(0.2) and rows["b"]["basis"] == "15%"
+
+
+def test_compare_uses_the_recorded_spread_instead_of_the_tolerance():
+    [wide] = sweep.compare({"g": 0.5}, {"g": 0.8}, ["g"], {"g": 0.4}, 0.15)
+    [narrow] = sweep.compare({"g": 0.5}, {"g": 0.8}, ["g"], {"g": 0.2}, 0.15)
+    assert (wide["moved"], wide["basis"]) == (False, "spread") and narrow["moved"] is True
+
+
+def test_compare_from_zero_any_change_moves_and_a_flipped_flag_moves():
+    assert sweep.compare({"lost": 0}, {"lost": 1}, ["lost"], {}, 0.15)[0]["moved"] is True
+    assert sweep.compare({"lost": 0}, {"lost": 0}, ["lost"], {}, 0.15)[0]["moved"] is False
+    assert sweep.compare({"fits": True}, {"fits": False}, ["fits"], {}, 0.15)[0]["moved"] is True
+
+
+def test_compare_reads_nested_figures_and_marks_one_sided_ones():
+    rows = {r["figure"]: r for r in sweep.compare({"p": {"q": 1.0}, "old": 2}, {"p": {"q": 2.0}, "new": 3},
+                                                  ["p.q", "old", "new", "neither"], {}, 0.15)}
+    assert rows["p.q"]["moved"] is True
+    assert rows["old"]["moved"] is None and rows["new"]["moved"] is None and "neither" not in rows
+
+
+def test_compare_without_names_takes_every_number_both_hold():
+    rows = sweep.compare({"a": 1, "s": "x", "only_before": 2, "earlier": [{"a": 5}]}, {"a": 1, "s": "x"}, [], {}, 0.15)
+    assert [r["figure"] for r in rows] == ["a"]
+
+
+def test_select_keeps_the_plans_order_and_leaves_out_skips():
+    assert [b.name for b in sweep.select(BENCHES, ["fuzz", "queue"], [])] == ["queue", "fuzz"]
+    rest = [b.name for b in sweep.select(BENCHES, [], ["fuzz"])]
+    assert "fuzz" not in rest and len(rest) == len(BENCHES) - 1
+
+
+def test_select_refuses_unknown_names_and_calibrations():
+    with pytest.raises(SystemExit, match="no such benchmark"):
+        sweep.select(BENCHES, ["nope"], [])
+    with pytest.raises(SystemExit, match="calibration"):
+        sweep.select(BENCHES, [], ["real_model_calibration"])
+
+
+def test_estimates_prefer_the_minutes_the_last_sweep_measured():
+    plan = [Bench("x", (("bench/x.py",),), (("bench/x.py",),), (), 10, 2), Bench("y", (("bench/y.py",),), (("bench/y.py",),), (), 20, 4)]
+    last = {"results": [{"name": "x", "status": "ok", "minutes": 7.5}, {"name": "y", "status": "failed", "minutes": 0.1}]}
+    assert sweep.estimates(plan, False, last) == {"x": 7.5, "y": 20}
+    assert sweep.estimates(plan, True, None) == {"x": 2, "y": 4}
+
+
+def test_summary_names_files_at_other_commits_moves_and_unmet_bounds():
+    outcomes = [{"name": "a", "status": "ok", "reason": "", "bounds": [{"figure": "g", "met": False}, {"figure": "m", "met": None}],
+                 "compared": [{"figure": "h", "moved": True}, {"figure": "k", "moved": False}]},
+                {"name": "b", "status": "skipped", "reason": "no CUDA", "bounds": [], "compared": None}]
+    s = sweep.summary(outcomes, {"a": "abc1234", "b": "0ld0000", "c": None}, "abc1234ffff", quick=False)
+    assert s["at_other_commits"] == ["b", "c"]
+    assert s["moved"] == {"a": ["h"]} and s["bounds_not_met"] == {"a": ["g"]}
+    assert s["ok"] == ["a"] and s["skipped"] == {"b": "no CUDA"}
+
+
+def test_the_plan_covers_every_result_file():
+    files = {p.stem for p in (ROOT / "bench" / "results").glob("*.json")}
+    planned = {b.name for b in BENCHES}
+    assert len(planned) == len(BENCHES)
+    assert not files - planned - set(SKIPPED), "a result file neither run by the sweep nor listed in sweep_plan.SKIPPED"
+
+
+def test_every_planned_command_names_a_script_and_every_compared_figure_exists():
+    for b in BENCHES:
+        assert all((ROOT / argv[0]).is_file() for argv in (*b.full, *b.quick)), b.name
+        data = json.loads((ROOT / "bench" / "results" / f"{b.name}.json").read_text())
+        assert not [f for f in b.figures if f not in sweep.flatten(data["figures"])], b.name
+
+
+def test_a_redirected_run_puts_its_plots_beside_its_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "quick")
+    monkeypatch.setattr(common, "DOCS", tmp_path / "docs")
+    monkeypatch.setenv("FLASHQ_BENCH_RESULTS", str(tmp_path / "quick"))
+    assert common.plot_path("x.png") == tmp_path / "quick" / "x.png"
+    monkeypatch.delenv("FLASHQ_BENCH_RESULTS")
+    assert common.plot_path("x.png") == tmp_path / "docs" / "x.png"
