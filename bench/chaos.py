@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import RESULTS, git_commit, keep_earlier, print_table, write_result  # noqa: E402
 from bench.fuzz import blast  # noqa: E402
 from bench.torn import mount_small_disk, torn_resumes  # noqa: E402
 from flashq.config import load_config  # noqa: E402
@@ -364,7 +364,7 @@ BOUNDS = {"kills_survived": ">= 20", "kills_survived_sharded": ">= 10", "imperso
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS), help="which runs (figures of the others are left out)")
-    ap.add_argument("--steps", type=int, default=1000, help="steps of the calm and chaos runs")
+    ap.add_argument("--steps", type=int, default=2500, help="steps of the calm and chaos runs: enough for the kills asked")
     ap.add_argument("--kills", type=int, default=24)
     ap.add_argument("--kills-sharded", type=int, default=12, help="kills in the run with a two-rank trainer")
     ap.add_argument("--poison-steps", type=int, default=100, help="steps of the run with poison requests")
@@ -376,6 +376,8 @@ def main() -> None:
     ap.add_argument("--fuzz-frames", type=int, default=130_000)
     ap.add_argument("--keep", type=Path, help="keep the run directories here")
     ap.add_argument("--name", default="chaos", help="the result file's name")
+    ap.add_argument("--merge", action="store_true", help="keep the runs of the result file that --runs does not redo "
+                    "(each row names its commit) and its fuzz blast; figures from the union")
     args = ap.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="flashq-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -390,8 +392,13 @@ def main() -> None:
         "flood": lambda: run_once(root, "flood", args.flood_steps, 0, args.seed + 4, flood_frames=args.flood_frames),
         "torn": lambda: run_once(root, "torn", 300, 0, args.seed + 5, extra=["trainer.checkpoint_every=5"], resumes=args.resumes),
     }
-    runs = {name: plan[name]() for name in RUNS if name in args.runs}
-    fuzzed = asyncio.run(blast(list(fuzz.frames(args.fuzz_frames, seed=7))))
+    runs = {name: {**plan[name](), "git_commit": git_commit()} for name in RUNS if name in args.runs}
+    kept = json.loads((RESULTS / f"{args.name}.json").read_text()) if args.merge else {}
+    for row in (kept.get("results") or {}).get("runs", []):
+        if row["run"] not in runs:
+            runs[row["run"]] = {"git_commit": kept.get("git_commit"), **row}
+    runs = {name: runs[name] for name in RUNS if name in runs}
+    fuzzed = kept["results"]["fuzz"] if kept else asyncio.run(blast(list(fuzz.frames(args.fuzz_frames, seed=7))))
     rows = list(runs.values())
     print_table("chaos: random kills, hostile peers and torn resumes during real runs", rows,
                 [("run", "run", ""), ("kills", "kills", "d"), ("restarts", "restarts", "d"), ("wall_s", "wall s", ".0f"),
