@@ -329,6 +329,11 @@ class TransportConfig(Section):
     curve_keys: Path | None = Field(
         None, description="Directory from `flashq keys DIR`: encrypt role traffic and admit only peers holding its client key."
     )
+    authenticate: bool = Field(
+        True, description="Roles prove their names with the run's per-role tokens (at the handshake and in their hello). "
+        "false: the coordinator hears any peer under the name it claims (a warning says so); only for tools that cannot "
+        "carry a token, on a network nobody else reaches.",
+    )
 
 
 class SFTConfig(Section):

@@ -55,7 +55,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def connect(cfg: FlashqConfig, address: str, role: str) -> Link:
     t = cfg.transport
-    return Link(address, role, hwm=t.hwm, max_message_bytes=cfg.message_limit_bytes, curve_keys=t.curve_keys, token=own_token())
+    return Link(address, role, hwm=t.hwm, max_message_bytes=cfg.message_limit_bytes, curve_keys=t.curve_keys,
+                token=own_token() if t.authenticate else "")
 
 
 async def handshake(link: Link, cfg: FlashqConfig, hello: Hello) -> Start:

@@ -109,8 +109,11 @@ class Coordinator(StepMetrics):
 
     async def run(self) -> None:
         t = self.cfg.transport
+        credentials = RunCredentials.ensure(self.run_dir) if t.authenticate else None  # a role is heard once it proves its name
         self.hub = Hub(self.address, hwm=t.hwm, max_message_bytes=self.cfg.message_limit_bytes, curve_keys=t.curve_keys,
-                       credentials=RunCredentials.ensure(self.run_dir))  # a role is heard once it proves its name
+                       credentials=credentials)
+        if not t.authenticate:
+            log.warning("transport.authenticate is false: any peer that reaches %s is heard under the name it claims", self.hub.address)
         try:
             await self._run_on_hub()
         finally:

@@ -18,10 +18,10 @@ from flashq.roles.coordinator import Coordinator
 from flashq.transport import Link
 
 
-async def start_coordinator(tiny_model, tmp_path) -> tuple[Coordinator, asyncio.Task]:
+async def start_coordinator(tiny_model, tmp_path, *overrides: str) -> tuple[Coordinator, asyncio.Task]:
     """A real coordinator of a small run, running in this event loop, once its hub is bound."""
     cfg = load_config(None, [f"model.name={tiny_model}", f"model.cache_dir={tmp_path / 'cache'}", "sampling.group_size=4",
-                             "trainer.batch_groups=2", "trainer.steps=2"])
+                             "trainer.batch_groups=2", "trainer.steps=2", *overrides])
     coord = Coordinator(cfg, "tcp://127.0.0.1:*", tmp_path / "run")
     run = asyncio.create_task(coord.run())
     while not hasattr(coord, "hub"):  # bound once run() has made it
@@ -233,3 +233,27 @@ def test_a_role_with_a_wrong_token_is_told_so_at_its_handshake(tiny_model, tmp_p
                 link.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_with_authentication_turned_off_a_role_without_a_token_is_heard(tiny_model, tmp_path):
+    """`transport.authenticate: false`, the explicit opt-out: the hub takes connections with no
+    credential and hears each under the name it claims (a tool that cannot carry a token)."""
+
+    async def main():
+        coord, run = await start_coordinator(tiny_model, tmp_path, "transport.authenticate=false")
+        links = {role: Link(coord.hub.address, role) for role in ("rollout-0", "reward-0", "trainer")}
+        try:
+            for role, link in links.items():
+                await link.handshake(30)
+                await link.send(hello(role, token="", **({"engine_ranks": 1} if role.startswith("rollout") else {})))
+            while not coord.alive:
+                await asyncio.sleep(0.01)
+            return set(coord.alive), dict(coord.hub.rejected)
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            for link in links.values():
+                link.close()
+
+    alive, rejected = asyncio.run(asyncio.wait_for(main(), 60))
+    assert alive == {"rollout-0", "reward-0", "trainer"} and rejected == {}
