@@ -18,7 +18,6 @@ import numpy as np
 
 from flashq import protocol as P
 from flashq.codec import Encoder
-from flashq.protocol import SCHEMA_VERSION
 
 
 def samples_of_every_kind() -> list[P.Message]:
@@ -73,34 +72,24 @@ def frames(n: int, seed: int = 0) -> Iterator[list[bytes]]:
 
 # What a peer that passed the handshake could send to exhaust the receiver rather than confuse it.
 
-def _envelope(body: bytes, schema: int = SCHEMA_VERSION) -> bytes:
-    return msgspec.msgpack.encode([schema, msgspec.Raw(body)])
-
-
 def deeply_nested(depth: int) -> list[bytes]:
     """A score request whose task holds lists nested `depth` deep: msgspec recurses once per level."""
     marker = "\x00nest\x00"
     sample = P.Sample("g1/0", "g1", 0, np.arange(4, dtype=np.int32), np.zeros(4, np.float32), np.zeros(4, np.int32), "stop")
-    body = msgspec.msgpack.encode(P.ScoreRequest(sample, {"x": marker}), enc_hook=_inline_arrays)
-    return [_envelope(body.replace(msgspec.msgpack.encode(marker), b"\x91" * depth + b"\xc0"))]
+    (envelope,) = Encoder().encode(P.ScoreRequest(sample, {"x": marker}))  # arrays this small travel inline
+    return [bytes(envelope).replace(msgspec.msgpack.encode(marker), b"\x91" * depth + b"\xc0")]
 
 
 def huge_multipart(parts: int, part_bytes: int) -> list[bytes]:
     """A heartbeat followed by `parts` data frames nothing references: the receiver holds the
     whole message before it can look at it."""
     block = bytes(part_bytes)
-    return [_envelope(msgspec.msgpack.encode(P.Heartbeat(1.0))), *([block] * parts)]
+    return [bytes(Encoder().encode(P.Heartbeat(1.0))[0]), *([block] * parts)]
 
 
 def other_schema(version: int) -> list[bytes]:
     """A valid heartbeat under another schema version (a flood of distinct ones must not grow the books)."""
-    return [_envelope(msgspec.msgpack.encode(P.Heartbeat(1.0)), schema=version)]
-
-
-def _inline_arrays(obj):
-    if isinstance(obj, np.ndarray):
-        return [obj.dtype.str, list(obj.shape), obj.tobytes()]
-    raise TypeError(type(obj).__name__)
+    return [msgspec.msgpack.encode([version, msgspec.Raw(msgspec.msgpack.encode(P.Heartbeat(1.0)))])]
 
 
 def hostile(n: int, seed: int, max_message_bytes: int) -> Iterator[list[bytes]]:
