@@ -31,23 +31,11 @@ CONNECTIONS = 16
 STRANGER_FRAMES = 1000
 
 
-def _socket(ctx: zmq.asyncio.Context, address: str, identity: bytes, user: str | None, token: str | None) -> zmq.asyncio.Socket:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 1000)
-    sock.setsockopt(zmq.IDENTITY, identity)
-    if user is not None:
-        sock.plain_username, sock.plain_password = user.encode(), token.encode()
-    sock.connect(address)
-    return sock
-
-
 async def main(address: str, role: str, token: str, n: int, max_message_bytes: int, out: Path) -> None:
-    ctx = zmq.asyncio.Context.instance()
     names = [f"{secrets.token_hex(3)}-{i}#{secrets.token_hex(4)}".encode() if i % 2 else b"\x01" + secrets.token_bytes(7)
              for i in range(CONNECTIONS)]
-    socks = [_socket(ctx, address, name, role, token) for name in names]
-    stranger = _socket(ctx, address, b"stranger#0", None, None)
+    socks = [fuzz.raw_peer(address, name, user=role, token=token, hwm=1000) for name in names]
+    stranger = fuzz.raw_peer(address, b"stranger#0", hwm=1000)
     report = {"frames_sent": 0, "bytes_sent": 0, "stranger_frames_queued": 0, "started": time.time()}
     for i in range(STRANGER_FRAMES):  # queued for a connection whose handshake fails; dropped, never delivered
         try:
@@ -64,7 +52,7 @@ async def main(address: str, role: str, token: str, n: int, max_message_bytes: i
     stranger.close(linger=0)
     for sock in socks:  # what is still queued goes out before the process ends
         sock.close(linger=120_000)
-    ctx.term()
+    zmq.asyncio.Context.instance().term()
     report["finished"] = time.time()
     out.write_text(json.dumps(report))
 

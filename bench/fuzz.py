@@ -18,8 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import zmq
-import zmq.asyncio
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,10 +33,7 @@ SENTINEL = Heartbeat(-12345.0)
 
 async def blast(batches: list[list[bytes]]) -> dict:
     hub = Hub("tcp://127.0.0.1:0", hwm=100_000, max_message_bytes=1 << 20)
-    rogue = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    rogue.setsockopt(zmq.LINGER, 0)
-    rogue.setsockopt(zmq.SNDHWM, 100_000)
-    rogue.connect(hub.address)
+    rogue = fuzz.raw_peer(hub.address, hwm=100_000)
     accepted = 0
 
     async def send():

@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 from flashq.codec import Encoder  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.credentials import own_token  # noqa: E402
+from flashq.fuzz import raw_peer  # noqa: E402
 from flashq.protocol import (  # noqa: E402
-    BatchRequest, Fatal, RewardResult, Sample, ScoreRequest, Shutdown, StepStats, WeightSyncCall, WeightSyncReply,
+    BatchRequest, Fatal, RewardResult, ScoreRequest, Shutdown, StepStats, WeightSyncCall, WeightSyncReply,
 )
 from flashq.rewards.runner import RewardRunner  # noqa: E402
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model  # noqa: E402
@@ -83,12 +84,7 @@ class Impostors:
             self.refused.append(sock)
 
     def _socket(self, address: str, name: str, user: str) -> zmq.asyncio.Socket:
-        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, f"{name}#{secrets.token_hex(4)}".encode())
-        sock.plain_username, sock.plain_password = user.encode(), self.token.encode()
-        sock.connect(address)
-        return sock
+        return raw_peer(address, f"{name}#{secrets.token_hex(4)}", user=user, token=self.token)
 
     async def burst(self, req: ScoreRequest, sent: Counter) -> None:
         for name, sock in self.socks.items():

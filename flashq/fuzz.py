@@ -15,9 +15,32 @@ from typing import Iterator
 
 import msgspec
 import numpy as np
+import zmq
+import zmq.asyncio
 
 from flashq import protocol as P
 from flashq.codec import Encoder
+
+
+def raw_peer(address: str, identity: str | bytes | None = None, *, user: str | None = None, token: str | None = None,
+             hwm: int | None = None, blocking: bool = False, connect: bool = True):
+    """A bare DEALER towards a hub, as a stranger or an impostor plays it: any `identity` (the
+    name a role's socket would carry), and at the handshake any `user` with any `token` (ZeroMQ
+    PLAIN; None: no credential). Nothing of flashq's `Link` (no hello, no codec, no monitor), so
+    tests and benches can send whatever frames they like. `blocking`: a plain zmq socket rather
+    than an asyncio one; `connect=False` leaves the connect to the caller (to watch it first)."""
+    ctx = zmq.Context.instance() if blocking else zmq.asyncio.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if hwm is not None:
+        sock.setsockopt(zmq.SNDHWM, hwm)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity.encode() if isinstance(identity, str) else identity)
+    if user is not None:
+        sock.plain_username, sock.plain_password = user.encode(), (token or "").encode()
+    if connect:
+        sock.connect(address)
+    return sock
 
 
 def samples_of_every_kind() -> list[P.Message]:

@@ -12,6 +12,7 @@ import psutil
 import pytest
 import zmq
 
+from flashq.fuzz import raw_peer
 from tests.integration.helpers import ROOT, launch, launch_cmd, read_jsonl, trained_requests
 
 pytestmark = pytest.mark.slow
@@ -26,10 +27,7 @@ def send_garbage(port: int, run_dir, stop: threading.Event, sent: list):
         time.sleep(0.05)
     if stop.is_set():
         return
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.plain_username, sock.plain_password = b"reward-0", RunCredentials.load(run_dir).token("reward-0").encode()
-    sock.connect(f"tcp://127.0.0.1:{port}")
+    sock = raw_peer(f"tcp://127.0.0.1:{port}", user="reward-0", token=RunCredentials.load(run_dir).token("reward-0"), blocking=True)
     while not stop.is_set():
         try:
             sock.send_multipart([b"\x92\x01\xc1not msgpack"], flags=zmq.NOBLOCK)

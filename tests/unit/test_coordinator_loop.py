@@ -12,6 +12,7 @@ import zmq.asyncio
 from flashq.codec import Encoder
 from flashq.config import load_config
 from flashq.credentials import RunCredentials
+from flashq.fuzz import raw_peer
 from flashq.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest, WeightSyncCall
 from flashq.roles.common import hello
 from flashq.roles.coordinator import Coordinator
@@ -40,11 +41,7 @@ def stranger(address: str, name: str, token: str | None = None) -> tuple[zmq.asy
     connects, with a `Fatal` queued as it connects; and a task that ends when its handshake fails."""
     from zmq.utils.monitor import recv_monitor_message
 
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, f"{name}#{secrets.token_hex(4)}".encode())
-    if token is not None:
-        sock.plain_username, sock.plain_password = name.encode(), token.encode()
+    sock = raw_peer(address, f"{name}#{secrets.token_hex(4)}", user=None if token is None else name, token=token, connect=False)
     monitor = sock.get_monitor_socket()
     sock.connect(address)
     sock.send_multipart(Encoder().encode(Fatal(role="trainer", reason="stop the run")), flags=zmq.NOBLOCK)
@@ -197,11 +194,7 @@ def test_no_role_can_take_another_role_s_name(tiny_model, tmp_path):
 
 def as_another(address: str, name: str, user: str, token: str) -> zmq.asyncio.Socket:
     """A connection named `name` whose handshake proves `user` (with `user`'s token)."""
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, f"{name}#{secrets.token_hex(4)}".encode())
-    sock.plain_username, sock.plain_password = user.encode(), token.encode()
-    sock.connect(address)
-    return sock
+    return raw_peer(address, f"{name}#{secrets.token_hex(4)}", user=user, token=token)
 
 
 async def send(sock: zmq.asyncio.Socket, msg) -> None:

@@ -12,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from flashq.codec import Decoder, Encoder, RejectedFrame
+from flashq.fuzz import raw_peer
 from flashq.protocol import MAX_NESTING, SCHEMA_VERSION, Envelope, EpisodeRequest, Heartbeat, WeightSyncCall
 from flashq.roles.coordinator import rejection_kind
 from flashq.transport import MAX_REJECT_KEYS, Hub
@@ -44,10 +45,7 @@ def test_free_form_fields_are_refused_past_max_nesting():
 
 
 def rogue(hub: Hub) -> zmq.asyncio.Socket:
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"rogue")
-    sock.connect(hub.address)
-    return sock
+    return raw_peer(hub.address, "rogue")
 
 
 def test_the_hub_survives_deep_nesting_and_decoder_faults_and_counts_each():
@@ -73,7 +71,6 @@ def test_the_hub_survives_deep_nesting_and_decoder_faults_and_counts_each():
             await sock.send_multipart(Encoder().encode(Heartbeat(t)))
         assert (await hub.recv())[1].sent_at == 4.0  # the first two met the faults
         assert sum(hub.rejected.values()) == 4
-        reasons = " ".join(hub.rejected)
         assert hub.rejected == {"nested too deep to decode": 2, "no memory to decode a message of N bytes": 1, "decoder error": 1}
         sock.close(linger=0), hub.close()
 
@@ -114,9 +111,7 @@ def test_the_hub_remembers_a_bounded_number_of_peers(monkeypatch):
         hub = Hub("tcp://127.0.0.1:*")
         socks = []
         for i in range(20):
-            sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, f"made-up-{i}".encode())
-            sock.connect(hub.address)
+            sock = raw_peer(hub.address, f"made-up-{i}")
             await sock.send_multipart(Encoder().encode(Heartbeat(float(i))))
             assert (await hub.recv())[0] == f"made-up-{i}"
             socks.append(sock)

@@ -8,6 +8,7 @@ import zmq
 import zmq.asyncio
 
 from flashq.codec import Encoder
+from flashq.fuzz import raw_peer
 from flashq.protocol import Heartbeat, Sample
 from flashq.transport import Hub, Link, PeerLost
 
@@ -22,10 +23,7 @@ def sample(i, n=1000):
 
 def rogue_peer(hub):
     """A raw DEALER named "rogue": sends whatever frames a test gives it."""
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"rogue")
-    sock.connect(hub.address)
-    return sock
+    return raw_peer(hub.address, "rogue")
 
 
 def record_arrivals(hub, measure) -> list:
