@@ -159,7 +159,6 @@ def section_step(a, section: str, *extra: str) -> dict:
 def profile_step(a, learner, batch) -> dict:
     """One more step under torch.profiler: the GPU's busy share of the wall, top kernels, host syncs."""
     import msgspec
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     # on a GPU the kernels and the runtime's calls alone: recording every host op of a 142k-token step

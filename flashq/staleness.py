@@ -73,7 +73,7 @@ class StalenessGate:
 
     def select_batch(self, complete: set[str]) -> list[str] | None:
         """Group ids for batch `next_batch`, or None if it must wait; marks them batched."""
-        b, B = self.next_batch, self.batch_groups
+        B = self.batch_groups
         ready = sorted((self.pending[g], g) for g in complete if g in self.pending)
         if len(ready) < B:
             return None

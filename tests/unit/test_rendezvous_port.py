@@ -5,7 +5,6 @@ one the system picks; a port the config names is never changed behind the user's
 import socket
 
 import pytest
-import torch.distributed as dist
 
 from flashq.engine.gloo_group import close_group, group_on, host_store, open_group
 

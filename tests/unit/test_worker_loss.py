@@ -2,7 +2,6 @@
 to the survivors first, anything it sends afterwards is rejected, and a restarted worker takes
 work again. Every sample is still trained exactly once."""
 
-import numpy as np
 import pytest
 
 from flashq.protocol import GenerateRequest, RewardResult, ScoreRequest, TrainBatch
