@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 
 from flashq.config import FlashqConfig
 from flashq.metrics import BusyClock
 from flashq.engine.vllm_engine import RolloutEngine, prepare_engine_process
-from flashq.placement import lower_priority
+from flashq.placement import lower_priority, pin_process
 from flashq.protocol import (
     Cancel,
     EpisodeRequest,
@@ -196,24 +195,3 @@ class RolloutWorker:
                 **self.engine.speculation_counters(),
             },
         )
-
-
-def pin_process(cores: list[int]) -> None:
-    """Move every thread of this process to `cores` (threads started later inherit it), passing
-    over the threads again until none is new; the engine processes started before keep theirs.
-    With the worker's frontend on its own core, the engine has one to itself: the calculator
-    agent's episodes/s rose from 28.6 to 61.8, the environment class's from 47.2 to 82.4 (40-step
-    runs, same SFT start)."""
-    moved: set[int] = set()
-    while True:
-        threads = {int(tid) for tid in os.listdir("/proc/self/task")} - moved
-        if not threads:
-            return
-        for tid in threads:
-            try:
-                os.sched_setaffinity(tid, cores)
-            except ProcessLookupError:  # a thread that ended meanwhile
-                pass
-            except OSError as e:
-                raise RuntimeError(f"placement.rollout_frontend {cores}: this host cannot run there ({e})") from None
-        moved |= threads

@@ -143,7 +143,7 @@ def test_the_rollout_frontend_moves_every_thread_of_the_worker_and_names_missing
 
     script = (
         "import os, threading\n"
-        "from flashq.roles.rollout import pin_process\n"
+        "from flashq.placement import pin_process\n"
         "os.sched_setaffinity(0, {0, 1})\n"
         "stop = threading.Event(); seen = {}\n"
         "before = threading.Thread(target=lambda: (stop.wait(), seen.update(before=os.sched_getaffinity(0)))); before.start()\n"
