@@ -20,6 +20,8 @@ import os
 import secrets
 from pathlib import Path
 
+from flashq.jsonl import fsync_path
+
 FILE = "credentials.key"
 TOKEN_ENV = "FLASHQ_ROLE_TOKEN"
 TOKEN_CHARS = 32
@@ -47,6 +49,7 @@ class RunCredentials:
             f.write(secrets.token_hex(32) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        fsync_path(path.parent)  # the new file's entry too, or a power loss may forget the file
         return cls.load(run_dir)
 
     @classmethod
