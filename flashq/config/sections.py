@@ -302,7 +302,8 @@ class WeightSyncConfig(Section):
 
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description='"auto": nccl with CUDA, gloo otherwise.')
     bucket_mb: int = Field(64, ge=1, description="Weights are pushed in buckets of this many MiB.")
-    timeout_s: float = Field(300.0, gt=0, description="Longest a weight push (or joining the transfer group) may take.")
+    timeout_s: float = Field(300.0, gt=0, description="Longest a weight push (or joining the transfer group) may take; past it "
+                             "an NCCL push is aborted on every side, and the push is retried on a rebuilt group.")
     host: str = Field("127.0.0.1", description="Address the trainer hosts the transfer group on.")
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
     overlap: bool = Field(

@@ -251,10 +251,12 @@ class RolloutEngine:
             self.transfer_ready = True
         elif method == "push_weights":
             lora = self.cfg.trainer.lora
+            deadline_s = self.cfg.weight_sync.timeout_s  # NCCL receives only: gloo's collectives time out themselves
             if lora is not None:
-                call = ("flashq_push_adapter", {"update_info": payload, "peft_config": lora.peft_dict(), "merged": lora.serve == "merged"})
+                call = ("flashq_push_adapter", {"update_info": payload, "peft_config": lora.peft_dict(), "merged": lora.serve == "merged",
+                                                "deadline_s": deadline_s})
             else:
-                call = ("flashq_push_weights", {"update_info": payload})
+                call = ("flashq_push_weights", {"update_info": payload, "deadline_s": deadline_s})
             self.update_open = True
             # one call into the engine core (flashq's vllm_plugin); the engine stays paused if it fails
             await llm.engine_core.call_utility_async("flashq_pause_push_resume", *call, str(version), self.recompute_kv)

@@ -117,6 +117,7 @@ class WeightPusher:
         self.bytes: float | None = None
         self.source = source = TrainerSource(model, wire_dtype, adapter)
         self.backend = choose_backend(cfg, device)
+        self.deadline_s = cfg.timeout_s
         world_size = 1 + inference_world_size
         if self.backend == "gloo":
             register()
@@ -136,12 +137,15 @@ class WeightPusher:
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=source)
 
     def push(self, version: int) -> float:
-        """Send the current weights labelled `version`; returns seconds taken."""
+        """Send the current weights labelled `version`; returns seconds taken. On NCCL the push
+        has a deadline (`weight_sync.timeout_s`, `push_deadline`); gloo's collectives have their own."""
+        from flashq.engine.push_deadline import under_nccl_deadline
+
         t0 = time.monotonic()
         self.client.version = version
         self.source.begin()
         try:
-            self.engine.send_weights()
+            under_nccl_deadline(self.engine, self.deadline_s, f"weight push {version}", self.engine.send_weights)
         finally:
             self.source.drain()  # a pass that broke off: the other trainer ranks still gather
         return time.monotonic() - t0

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 
 class FlashqWorkerExtension:
-    def flashq_push_weights(self, update_info: dict) -> None:
+    def flashq_push_weights(self, update_info: dict, deadline_s: float | None = None) -> None:
         """vLLM's start_weight_update, update_weights and finish_weight_update in one call: one
-        trip from the engine core to its workers per push instead of three, all while paused."""
+        trip from the engine core to its workers per push instead of three, all while paused. On
+        NCCL the receive has a deadline (`push_deadline`): past it the communicator is aborted
+        and this raises, so the engine keeps its old version label and stays paused."""
+        from flashq.engine.push_deadline import under_nccl_deadline
+
         self.start_weight_update()
-        self.update_weights(update_info)
+        under_nccl_deadline(self.weight_transfer_engine, deadline_s, "weight receive", self.update_weights, update_info)
         self.finish_weight_update()
 
-    def flashq_push_adapter(self, update_info: dict, peft_config: dict, merged: bool) -> None:
+    def flashq_push_adapter(self, update_info: dict, peft_config: dict, merged: bool, deadline_s: float | None = None) -> None:
         """A LoRA push: receive the adapter's tensors and serve them in place of the last ones,
         merged into the base weights or as vLLM's LoRA adapter."""
         from flashq.engine import adapter
+        from flashq.engine.push_deadline import under_nccl_deadline
 
-        tensors = adapter.receive(self, update_info)
+        tensors = under_nccl_deadline(self.weight_transfer_engine, deadline_s, "adapter receive", adapter.receive, self, update_info)
         (adapter.merge if merged else adapter.install)(self, tensors, peft_config)
 
     def flashq_abandon_weight_update(self) -> None:

@@ -9,7 +9,9 @@ trainer engine, whose calls to the inference side come back into this loop as `W
 round trips.
 When the set of rollout workers changes (`Regroup`: one died or a restarted one joined), the
 transfer group is rebuilt for the new set before the next push; a push that fails because a
-worker died mid-way is retried on the rebuilt group.
+worker died mid-way is retried on the rebuilt group, and one that fails with no worker lost (a
+peer stalled past `weight_sync.timeout_s`: on NCCL the group was aborted) on a group rebuilt for
+the same workers.
 With trainer.world_size > 1 only rank 0 runs this loop; the other ranks follow it
 (`_follow`): rank 0 names each collective step (train a batch, push, save, stop) before it
 runs it (`trainer.parallel.broadcast_command`), so a push for a regrouped set of engines while
@@ -29,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from flashq.checkpoint import DiskFull, disk_full, is_disk_full, step_dir
@@ -38,7 +41,7 @@ from flashq.jsonl import keep_records
 from flashq.protocol import BatchRequest, Heartbeat, Regroup, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
 from flashq.trainer.parallel import broadcast_command, leave
-from flashq.transport import Link, PeerLost
+from flashq.transport import Link
 
 log = logging.getLogger("flashq.trainer")
 
@@ -55,6 +58,7 @@ class TrainerRole:
         self.call_ids = itertools.count()
         self.shutdown = asyncio.Event()
         self.regroup: Regroup | None = None  # the newest membership not yet built
+        self.membership: Regroup | None = None  # the one the transfer group was last built for
         self.regrouped = asyncio.Event()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.push_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
@@ -94,6 +98,7 @@ class TrainerRole:
     async def _train(self, learner, start, record) -> None:
         loop = self.loop
         self.pusher = await self._open_pusher(learner, start.inference_world_size)
+        self.membership = Regroup(inference_world_size=start.inference_world_size, members=["every rollout worker"], reason="start")
         log.info("weight transfer group ready (%s)", self.pusher.backend)
         if learner.version > 0 or self.cfg.trainer.lora is not None:
             # resumed: the engines start from the base model; give them ours. With LoRA they
@@ -188,8 +193,10 @@ class TrainerRole:
 
     async def _push(self, learner, version: int) -> float:
         """Push the weights of `version` (the current parameters), first rebuilding the transfer
-        group if the rollout workers changed. If a worker dies mid-push, wait for the
-        coordinator's Regroup and push again."""
+        group if the rollout workers changed. If a push fails (a worker died mid-push, or a peer
+        stalled past the deadline and the group was aborted), wait for the coordinator's
+        Regroup; if none comes (no worker was lost), rebuild the group on the same workers. Then
+        push again, five tries in all."""
         loop, tries = self.loop, 0
         pool = self._pushing_thread(learner)
         while True:
@@ -197,7 +204,7 @@ class TrainerRole:
                 if self.regroup is not None:
                     await self._rebuild(learner)
                 return await loop.run_in_executor(pool, self._lead, learner, "push", version)
-            except Exception as e:  # noqa: BLE001 - retried only when the worker set changed
+            except Exception as e:  # noqa: BLE001 - retried on a rebuilt group, five times at most
                 tries += 1
                 if not self.cfg.fault.restart_workers or tries > 5:
                     raise
@@ -205,7 +212,8 @@ class TrainerRole:
                 try:
                     await asyncio.wait_for(self.regrouped.wait(), self.cfg.fault.worker_timeout_s + self.cfg.transport.heartbeat_s * 2)
                 except asyncio.TimeoutError:
-                    raise RuntimeError(f"weight push {learner.version} failed and no rollout worker was lost: {e}") from e
+                    if self.regroup is None:  # no worker was lost: the same workers, on a fresh group
+                        self.regroup = msgspec.structs.replace(self.membership, reason=f"push {version} failed: {e}")
 
     def _pushing_thread(self, learner) -> ThreadPoolExecutor:
         """Where pushes and transfer-group rebuilds run: the torch thread on a sharded trainer (a
@@ -237,6 +245,7 @@ class TrainerRole:
                 self.regroup = regroup
                 self.regrouped.set()
             raise
+        self.membership = regroup
         log.info("weight transfer group rebuilt for %s (%s)", ", ".join(regroup.members) or "no rollout worker", regroup.reason)
 
     def _lead(self, learner, kind: str, payload):

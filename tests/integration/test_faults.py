@@ -139,3 +139,37 @@ def test_a_killed_rank_of_a_two_rank_trainer_resumes_the_run_from_its_checkpoint
     steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
     assert steps == list(range(1, 17))
     assert any("rank 1: done at version 16" in line for line in run.lines)  # both ranks came back
+
+
+def test_a_push_to_an_engine_stalled_past_the_deadline_is_retried_on_a_group_rebuilt_for_the_same_workers(tmp_path):
+    """An engine that stops answering mid-run (its engine core stopped with SIGSTOP; the rollout
+    worker itself still heartbeats, so no worker is declared lost) makes a push outlive
+    weight_sync.timeout_s. The trainer, hearing of no lost
+    worker, rebuilds the transfer group for the same workers once they answer again and pushes
+    the version again: no worker restarted, the trainer never resumed, nothing lost or trained
+    twice. (On NCCL the same deadline aborts the communicator, flashq.engine.push_deadline; gloo's
+    collectives time out by themselves.)"""
+    import psutil
+
+    run = Run(tmp_path, ["async_ratio=1", "trainer.steps=30", "rollout.num_workers=1", "weight_sync.timeout_s=5",
+                         "fault.worker_timeout_s=10"])
+    run.wait_steps(3)
+    worker = psutil.Process(run.pid("rollout-0"))
+    stalled = worker.children(recursive=True)  # vLLM's engine core
+    assert stalled, "the rollout worker has no engine process to stop"
+    for p in stalled:
+        p.suspend()
+    try:
+        run.wait_for("failed (", timeout=120)  # "weight push N failed (...); waiting for the rollout workers to regroup"
+    finally:
+        for p in stalled:
+            p.resume()
+    rebuilt = run.wait_for("weight transfer group rebuilt for every rollout worker (push", timeout=300)
+    assert "failed" in rebuilt
+    rc = run.proc.wait(timeout=600)
+    assert rc == 0, "".join(run.lines[-80:])
+    ledger = audit(tmp_path, group_size=4)
+    assert ledger["trained_steps"] == 30 and ledger["finished"] and not ledger["workers_lost"]
+    assert not (tmp_path / "restarts.jsonl").exists() and not any("resuming from" in line for line in run.lines)
+    steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
+    assert steps == list(range(1, 31))

@@ -62,3 +62,42 @@ def test_a_push_rebuilt_for_new_workers_does_not_wait_for_the_step_that_waits_fo
         role.pool.shutdown(wait=False, cancel_futures=True)
         role.push_pool.shutdown(wait=False, cancel_futures=True)
     assert FakePusher.built[-1] == 2 and role.pusher.pushed == [1]  # rebuilt for the new set, then pushed
+
+
+class StalledOncePusher(FakePusher):
+    """A pusher whose first push on the first group is aborted past its deadline, as an NCCL
+    push to a peer that stopped taking part is (flashq.engine.push_deadline)."""
+
+    def push(self, version: int) -> float:
+        from flashq.engine.push_deadline import PushDeadlineExceeded
+
+        if len(FakePusher.built) == 1:
+            raise PushDeadlineExceeded(f"weight push {version} passed its deadline")
+        return super().push(version)
+
+
+def test_a_push_past_its_deadline_with_no_worker_lost_is_retried_on_a_group_rebuilt_for_the_same_workers(monkeypatch, tmp_path):
+    """No Regroup comes (every rollout worker is alive: one stalled, and its own deadline freed
+    it), so the trainer rebuilds the group for the workers it had and pushes the version again,
+    rather than stopping the run."""
+    monkeypatch.setattr("flashq.engine.weights.WeightPusher", StalledOncePusher)
+    FakePusher.built = []
+    role = TrainerRole(load_config(None, ["fault.worker_timeout_s=0.2", "transport.heartbeat_s=0.05"]), "trainer", "tcp://127.0.0.1:1", tmp_path)
+    learner = SimpleNamespace(ranks=Ranks(), model=torch.nn.Linear(2, 2), device=torch.device("cpu"), version=3,
+                              updated=UpdateFence(torch.device("cpu")))
+
+    async def scenario():
+        role.loop = asyncio.get_running_loop()
+        role.port = 0
+        role.pusher = StalledOncePusher(None, None, None, 2, 0, None)
+        role.membership = Regroup(inference_world_size=2, members=["rollout-0", "rollout-1"], reason="start")
+        return await asyncio.wait_for(role._push(learner, 3), timeout=60)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        role.pool.shutdown(wait=False, cancel_futures=True)
+        role.push_pool.shutdown(wait=False, cancel_futures=True)
+    assert FakePusher.built == [2, 2]  # the first group, then one rebuilt for the same two engine ranks
+    assert role.pusher.pushed == [3] and role.membership.members == ["rollout-0", "rollout-1"]
+    assert "push 3 failed" in role.membership.reason
