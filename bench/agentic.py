@@ -123,6 +123,7 @@ def main() -> None:
                     [("steps", "steps", "d"), ("reward_start", "first batch", ".3f"), ("reward_final", "final", ".3f"),
                      ("reward_gain", "gain", "+.3f"), ("wall_minutes", "minutes", ".1f")])
         figures["reward_gain"] = learn["reward_gain"]
+        figures["reward_gain_bound"] = 0.5  # as it learned before d32828a (about +0.6): issue 55's bound
     path = write_result("agentic", {"throughput": rows, "learning": learn}, keep_earlier("agentic", figures),
                         notes="episodes/s = episodes trained / seconds since generation started, at the last step; ratios "
                               "against the same round's sync run, medians over rounds. reward_trained_* = mean reward of the "

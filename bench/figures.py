@@ -59,7 +59,7 @@ BOUNDS = {
     **{k: (f"{k}_bound", "<=") for k in ("adapter_push_bytes_vs_full", "trainer_peak_memory_vs_full", "lora_wall_minutes")},
     "trainer_tokens_per_s_vs_bare_hf": ("trainer_tokens_per_s_vs_bare_hf_bound", ">="),  # bench/trainer_vs_bare.py
     "trainer_mfu_1_5b": ("trainer_mfu_1_5b_bound", ">="),  # bench/gpu_check.py
-    **{k: (f"{k}_bound", ">=") for k in ("lora_reward_gain", "reward_gain", "episodes_per_s_vs_native_env",
+    **{k: (f"{k}_bound", ">=") for k in ("lora_reward_gain", "reward_gain", "native_reward_gain", "episodes_per_s_vs_native_env",
                                           "steps_at_0_5b", "weight_sync_vs_raw_broadcast")},
     "peak_memory_vs_naive": ("bound", "<="),
     "real_model_eval_greedy_gain": ("bounds", ""), "real_model_wall_minutes": ("bounds", ""),
@@ -159,7 +159,8 @@ def agentic(d: dict) -> str:
     f = d["figures"]
     redundant, sync = f["reward_trained_alpha2"], f["reward_trained_sync"]
     return (f"redundant async episodes {x(f['episodes_per_s_alpha2_vs_sync'], 1)} sync's episodes/s with slow tools, "
-            f"{'but on worse' if redundant < sync else 'on no worse'} episodes (reward {redundant:.2f} vs {sync:.2f})")
+            f"{'but on worse' if redundant < sync else 'on no worse'} episodes (reward {redundant:.2f} vs {sync:.2f}); "
+            f"RL on the calculator gains {f['reward_gain']:+.2f}")
 
 
 def lora(d: dict) -> str:
@@ -249,8 +250,9 @@ ENTRIES = {e.result: e for e in [
     Entry("speculative decoding", "specdec", "specdec", "speculative decoding on a live engine", specdec),
     Entry("agentic", "agentic", "agentic", "async and redundant episodes with slow tools", agentic),
     Entry("OpenAI agent", "openai_agent", "openai_agent", "an `openai`-client agent against an environment class", _f(
-        "an `openai`-client agent at {episodes_per_s_vs_native_env:.2f}× an environment class's speed; "
-        "{retokenized_tokens} of {millions:.1f} M sampled tokens retokenized", millions=lambda f: f["tokens_checked"] / 1e6)),
+        "an `openai`-client agent at {episodes_per_s_vs_native_env:.2f}× an environment class's speed, reward gain "
+        "{reward_gain:+.2f} (class {native_reward_gain:+.2f}); {retokenized_tokens} of {millions:.1f} M sampled tokens retokenized",
+        millions=lambda f: f["tokens_checked"] / 1e6)),
     Entry("LoRA", "lora", "lora", "LoRA rank 16 against full fine-tuning", lora),
     Entry("trainer on a GPU", "trainer_gpu", "trainer_gpu", "trainer steps at a real model's size on one GPU", trainer_gpu),
     Entry("device check", "gpu_check", "gpu_check", "the trainer on one GPU at 1.5B and 7B: speed, memory, MFU, push race",

@@ -85,8 +85,9 @@ def main() -> None:
     figures = {
         "retokenized_tokens": sum(r["retokenized_tokens"] for r in agents),
         "tokens_checked": sum(r["tokens_checked"] for r in agents),
-        "reward_gain": mean("agent", "reward_gain"), "reward_gain_bound": 0.2,
-        "native_reward_gain": mean("native", "reward_gain"),
+        # both systems must learn as the calculator did before d32828a (about +0.6): issue 55's bound
+        "reward_gain": mean("agent", "reward_gain"), "reward_gain_bound": 0.5,
+        "native_reward_gain": mean("native", "reward_gain"), "native_reward_gain_bound": 0.5,
         "episodes_per_s_vs_native_env": mean("agent", "episodes_per_s") / mean("native", "episodes_per_s"),
         "episodes_per_s_vs_native_env_bound": 0.8,
         "episodes_per_s_ratio_by_round": [a["episodes_per_s"] / n["episodes_per_s"]
