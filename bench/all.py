@@ -177,9 +177,13 @@ def estimates(benches: Sequence[Bench], quick: bool, last_sweep: dict | None) ->
 
 
 def missing_need(needs: Sequence[str]) -> str | None:
-    """Why a benchmark cannot run here (a CUDA device, a module), or None."""
+    """Why a benchmark cannot run here (a CUDA device, a module, a calibration's result file), or None."""
     for need in needs:
-        if need == "cuda":
+        if need.startswith("result:"):  # a choice made on calibration runs, which a sweep never redoes
+            name = need.removeprefix("result:")
+            if not (RESULTS / f"{name}.json").exists():
+                return f"bench/results/{name}.json is missing: {SKIPPED.get(name, 'its calibration has not run')}"
+        elif need == "cuda":
             try:
                 listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
             except (OSError, subprocess.SubprocessError):

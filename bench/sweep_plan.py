@@ -25,7 +25,7 @@ class Bench:
     figures: tuple[str, ...]  # compared before/after (nested figures as 'outer.inner')
     minutes: float  # full, a rough estimate
     quick_minutes: float
-    needs: tuple[str, ...] = ()  # "cuda", or modules that must be importable
+    needs: tuple[str, ...] = ()  # "cuda", modules that must be importable, or "result:NAME" (a calibration's file)
     tolerance: float = DEFAULT_TOLERANCE
 
 
@@ -101,7 +101,8 @@ BENCHES = [
     # (its figures join the compared ones once the file has them)
     Bench("vs_trl", one("bench/vs_trl.py", "--seeds", "3"),
           one("bench/vs_trl.py", "--seeds", "1", "--steps-a", "300", "--steps-b", "60", "--steps-r", "10"),
-          ("job_a_speed_vs_trl", "job_b_speed_vs_trl", "job_b_speed_vs_trl_quickstart_settings"), 180, 20, needs=("trl",)),
+          ("job_a_speed_vs_trl", "job_b_speed_vs_trl", "job_b_speed_vs_trl_quickstart_settings"), 180, 20,
+          needs=("trl", "result:vs_trl_calibration")),
     # a configuration's step time moved by up to 54% between repeats (sim.py's docstring)
     Bench("sim", one("bench/sim.py"), one("bench/sim.py", "--repeats", "1"),
           ("max_abs_error_vs_real_runs", "max_abs_error_held_out_runs", "max_abs_error_vs_paper_figures"), 90, 30, tolerance=0.5),

@@ -158,3 +158,14 @@ def test_a_redirected_run_puts_its_plots_beside_its_results(tmp_path, monkeypatc
     assert common.plot_path("x.png") == tmp_path / "quick" / "x.png"
     monkeypatch.delenv("FLASHQ_BENCH_RESULTS")
     assert common.plot_path("x.png") == tmp_path / "docs" / "x.png"
+
+
+def test_a_benchmark_whose_calibration_has_not_run_is_skipped_saying_so(monkeypatch, tmp_path):
+    """vs_trl's job R runs each system at a setting chosen on calibration runs a sweep never
+    redoes: without that file the sweep lists it as skipped, naming the file and why."""
+    monkeypatch.setattr(sweep, "RESULTS", tmp_path)
+    why = sweep.missing_need(("result:vs_trl_calibration",))
+    assert why is not None and "bench/results/vs_trl_calibration.json is missing" in why and "--calibrate" in why
+    (tmp_path / "vs_trl_calibration.json").write_text("{}")
+    assert sweep.missing_need(("result:vs_trl_calibration",)) is None
+    assert "result:vs_trl_calibration" in next(b for b in BENCHES if b.name == "vs_trl").needs
