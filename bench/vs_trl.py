@@ -74,15 +74,10 @@ JOBS = {
 # "turns", its shipped placement (engine and trainer both on both cores, the engine yielding by
 # priority); "split", the engine on core 0 and every other role on core 1 (one thread each);
 # each with and without gradient checkpointing, as TRL's settings are.
-FLASHQ_SETTINGS = {
-    "turns": [],
-    "split": ["rollout.omp_threads=1", "trainer.threads=1", "placement.rollout_nice=0", "placement.rollout=[0]",
-              "placement.trainer=[1]", "placement.reward=[1]", "placement.coordinator=[1]"],
-    "turns_checkpointing": ["trainer.gradient_checkpointing=true"],
-    "split_checkpointing": ["rollout.omp_threads=1", "trainer.threads=1", "placement.rollout_nice=0", "placement.rollout=[0]",
-                            "placement.trainer=[1]", "placement.reward=[1]", "placement.coordinator=[1]",
-                            "trainer.gradient_checkpointing=true"],
-}
+_SPLIT = ["rollout.omp_threads=1", "trainer.threads=1", "placement.rollout_nice=0", "placement.rollout=[0]",
+          "placement.trainer=[1]", "placement.reward=[1]", "placement.coordinator=[1]"]
+_CHECKPOINTING = ["trainer.gradient_checkpointing=true"]
+FLASHQ_SETTINGS = {"turns": [], "split": _SPLIT, "turns_checkpointing": _CHECKPOINTING, "split_checkpointing": [*_SPLIT, *_CHECKPOINTING]}
 # Job R asks for the working, so answers run to a few dozen tokens, as real tasks' do.
 JOB_R_INSTRUCTION = "Show the working in one or two short sentences, then give the final answer inside <answer></answer> tags."
 SUFFIX = {"flashq + grouped drafts": "", "flashq": "_quickstart_settings"}  # job B's figure names per mode
@@ -312,18 +307,19 @@ def calibrate(steps: int) -> None:
     with tempfile.TemporaryDirectory(prefix="flashq-vs-trl-cal-") as tmp:
         work = Path(tmp)
         model = make_sft("r", work)
+        runners = {"trl": (TRL_SETTINGS, lambda seed, s: run_trl("r", work, model, steps, seed, s)),
+                   "flashq": (FLASHQ_SETTINGS, lambda seed, s: run_flashq("r", "flashq", work, model, steps, seed, s))}
         for seed in CALIBRATION_SEEDS:
-            for setting in TRL_SETTINGS:
-                r = run_trl("r", work, model, steps, seed, setting)
-                rows.append({"system": "trl", "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
-                             "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"])})
-            for setting in FLASHQ_SETTINGS:
-                r = run_flashq("r", "flashq", work, model, steps, seed, setting)
-                rows.append({"system": "flashq", "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
-                             "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"])})
-    speed = {(r["system"], r["setting"]): statistics.mean(x["steps_per_s"] for x in rows if (x["system"], x["setting"]) == (r["system"], r["setting"]))
-             for r in rows}
-    choice = {system: max((s for (sy, s) in speed if sy == system), key=lambda s: speed[(system, s)]) for system in ("trl", "flashq")}
+            for system, (settings, run) in runners.items():
+                for setting in settings:
+                    r = run(seed, setting)
+                    rows.append({"system": system, "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
+                                 "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"])})
+    by_setting: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        by_setting.setdefault((r["system"], r["setting"]), []).append(r["steps_per_s"])
+    speed = {key: statistics.mean(v) for key, v in by_setting.items()}
+    choice = {system: max((s for (sy, s) in speed if sy == system), key=lambda s: speed[(system, s)]) for system in runners}
     print_table("Job R calibration: each system's settings (steps/s over the whole command)", rows,
                 [("system", "system", ""), ("setting", "setting", ""), ("seed", "seed", "d"), ("wall_s", "wall s", ".0f"),
                  ("steps_per_s", "steps/s", ".3f"), ("final_reward", "final reward", ".3f")])
@@ -373,12 +369,12 @@ def main() -> None:
                 runs["trl"].append(run_trl(job, work, sft, steps[job], seed, trl_setting))
                 for mode in JOBS[job]["modes"]:
                     runs[mode].append(run_flashq(job, mode, work, sft, steps[job], seed, flashq_setting))
-            new_rows = []
+            new_rows, batch = [], samples_per_step(job, work)
             for system, rs in runs.items():
                 for seed, r in enumerate(rs):
                     new_rows.append({"job": job, "git_commit": commit, "cpu_model": cpu, "system": system, "seed": seed, "steps": steps[job],
                                      "wall_s": r["wall_s"], "steps_per_s": steps[job] / r["wall_s"],
-                                     "samples_per_s": steps[job] * samples_per_step(job, work) / r["wall_s"],
+                                     "samples_per_s": steps[job] * batch / r["wall_s"],
                                      "final_reward": final_reward(r["curve"])})
             rows += new_rows
             figures.update(job_figures(job, new_rows, runs), **{f"job_{job}_cpu_model": cpu})

@@ -35,18 +35,38 @@ class FakePusher:
         pass
 
 
+def trainer_role(tmp_path, overrides: list[str] | None = None) -> TrainerRole:
+    return TrainerRole(load_config(None, overrides or []), "trainer", "tcp://127.0.0.1:1", tmp_path)
+
+
+def fake_learner(version: int) -> SimpleNamespace:
+    return SimpleNamespace(ranks=Ranks(), model=torch.nn.Linear(2, 2), device=torch.device("cpu"), version=version,
+                           updated=UpdateFence(torch.device("cpu")))
+
+
+def run_on(role: TrainerRole, scenario):
+    """`scenario()` on a fresh event loop, which becomes the role's; its threads are let go after."""
+
+    async def main():
+        role.loop = asyncio.get_running_loop()
+        role.port = 0
+        return await scenario()
+
+    try:
+        return asyncio.run(main())
+    finally:
+        role.pool.shutdown(wait=False, cancel_futures=True)
+        role.push_pool.shutdown(wait=False, cancel_futures=True)
+
+
 def test_a_push_rebuilt_for_new_workers_does_not_wait_for_the_step_that_waits_for_it(monkeypatch, tmp_path):
     """The push of version v runs while step v+1 computes; step v+1 then waits for it before its
     optimizer step. If the rollout workers changed, that push first rebuilds the transfer group:
     on the torch thread, which the waiting step holds, it would never run (a deadlock)."""
     monkeypatch.setattr("flashq.engine.weights.WeightPusher", FakePusher)
-    role = TrainerRole(load_config(None, []), "trainer", "tcp://127.0.0.1:1", tmp_path)
-    learner = SimpleNamespace(ranks=Ranks(), model=torch.nn.Linear(2, 2), device=torch.device("cpu"), version=1,
-                              updated=UpdateFence(torch.device("cpu")))
+    role, learner = trainer_role(tmp_path), fake_learner(1)
 
     async def scenario():
-        role.loop = asyncio.get_running_loop()
-        role.port = 0
         role.pusher = FakePusher(None, None, None, 1, 0, None)
         role.regroup = Regroup(inference_world_size=2, members=["rollout-0", "rollout-1"], reason="rollout-1 joined")
         role.regrouped.set()
@@ -55,12 +75,9 @@ def test_a_push_rebuilt_for_new_workers_does_not_wait_for_the_step_that_waits_fo
         await asyncio.wait_for(asyncio.gather(role.pending_push, step), timeout=60)
 
     try:
-        asyncio.run(scenario())
+        run_on(role, scenario)
     except asyncio.TimeoutError:
         pytest.fail("the push waited for the torch thread, which waited for the push")
-    finally:
-        role.pool.shutdown(wait=False, cancel_futures=True)
-        role.push_pool.shutdown(wait=False, cancel_futures=True)
     assert FakePusher.built[-1] == 2 and role.pusher.pushed == [1]  # rebuilt for the new set, then pushed
 
 
@@ -82,22 +99,14 @@ def test_a_push_past_its_deadline_with_no_worker_lost_is_retried_on_a_group_rebu
     rather than stopping the run."""
     monkeypatch.setattr("flashq.engine.weights.WeightPusher", StalledOncePusher)
     FakePusher.built = []
-    role = TrainerRole(load_config(None, ["fault.worker_timeout_s=0.2", "transport.heartbeat_s=0.05"]), "trainer", "tcp://127.0.0.1:1", tmp_path)
-    learner = SimpleNamespace(ranks=Ranks(), model=torch.nn.Linear(2, 2), device=torch.device("cpu"), version=3,
-                              updated=UpdateFence(torch.device("cpu")))
+    role, learner = trainer_role(tmp_path, ["fault.worker_timeout_s=0.2", "transport.heartbeat_s=0.05"]), fake_learner(3)
 
     async def scenario():
-        role.loop = asyncio.get_running_loop()
-        role.port = 0
         role.pusher = StalledOncePusher(None, None, None, 2, 0, None)
         role.membership = Regroup(inference_world_size=2, members=["rollout-0", "rollout-1"], reason="start")
         return await asyncio.wait_for(role._push(learner, 3), timeout=60)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        role.pool.shutdown(wait=False, cancel_futures=True)
-        role.push_pool.shutdown(wait=False, cancel_futures=True)
+    run_on(role, scenario)
     assert FakePusher.built == [2, 2]  # the first group, then one rebuilt for the same two engine ranks
     assert role.pusher.pushed == [3] and role.membership.members == ["rollout-0", "rollout-1"]
     assert "push 3 failed" in role.membership.reason
