@@ -258,8 +258,9 @@ class RolloutConfig(Section):
         "16 and 32 beat 8 for both vLLM suffix and grouped.")
     adaptive_drafts: bool = Field(
         True,
-        description="grouped: draft only tokens likely enough to pay for their verification at the current batch size "
-        "(flashq.drafting.budget); off: every draft token above draft_min_prob.",
+        description="grouped: draft only tokens likely enough to pay for their verification at the current batch size, "
+        "each estimate held to how often tokens like it were accepted (flashq.drafting.budget); off: every draft token "
+        "above draft_min_prob.",
     )
     draft_min_prob: float = Field(0.1, gt=0, le=1, description="grouped: least path probability of a draft token.")
     starvation_s: float = Field(60.0, gt=0, description="context_aware: a request waiting this long goes next.")

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flashq.drafting.match_index import MatchIndex
+from flashq.drafting.budget import AcceptanceRates
+from flashq.drafting.match_index import NO_DRAFT, Draft, MatchIndex
 
 PROMPT_TAIL = 4  # prompt tokens put before each response in the shared indexes
 _NONE = np.empty(0, np.int32)
@@ -30,6 +31,7 @@ class _Request:
     prompt: MatchIndex  # shared by the requests of a group with the same prompt
     tail: int  # prompt tokens at the start of its sequence in the group index
     draft: list[int] = field(default_factory=list)  # the last draft proposed
+    probs: np.ndarray = field(default_factory=lambda: NO_DRAFT.probs)  # its tokens' path probabilities
     source: MatchIndex | None = None  # the index it came from
     follow: np.ndarray = field(default_factory=lambda: _NONE)  # there, the matches that agreed with all of it, moved past what was accepted
 
@@ -39,8 +41,11 @@ HISTORY_PROMPTS = 4096  # prompts whose earlier responses one engine's drafter k
 
 class GroupedDrafter:
     def __init__(self, history_epochs: int = 2, min_prob: float = 0.1, orders: tuple[int, ...] = (8, 4, 2, 1),
-                 max_history_prompts: int = HISTORY_PROMPTS, recent_responses: int = 512):
+                 max_history_prompts: int = HISTORY_PROMPTS, recent_responses: int = 512,
+                 acceptance: AcceptanceRates | None = None):
+        """`acceptance`: where each verified draft's outcome is recorded (see `accept`)."""
         self.min_prob, self.orders, self.context_len = min_prob, orders, max(orders)
+        self.acceptance = acceptance
         self.groups: dict[str, MatchIndex] = {}
         self.group_prompt: dict[str, tuple[tuple[int, ...], MatchIndex]] = {}  # the prompt and its index
         # a finished group's index is its prompt's history as it stands (nothing is indexed twice);
@@ -68,26 +73,30 @@ class GroupedDrafter:
         group.extend(request_id, prompt[len(prompt) - tail:])  # so a response's first tokens can be drafted too
 
     def accept(self, request_id: str, tokens) -> None:
-        """Tokens the target model emitted for this request (siblings see them from now on). If
-        they are the whole last draft and one more token, the matches behind that draft that also
-        predicted the extra token carry on to the next draft, without a new search."""
+        """Tokens the target model emitted for this request (siblings see them from now on): the
+        accepted part of the last draft, then the model's own next token. How much of the draft
+        was accepted goes on the record (`acceptance`). If it was all of it, the matches behind
+        that draft that also predicted the extra token carry on to the next draft, without a new
+        search."""
         req = self.requests[request_id]
         tokens = np.asarray(tokens, dtype=np.int32)
         self.groups[req.group_id].extend(request_id, tokens)
+        if req.draft and self.acceptance is not None:
+            self.acceptance.observe(req.probs, _common_prefix(req.draft, tokens[:-1]))
         follow = _NONE
         if len(req.follow) and len(tokens) == len(req.draft) + 1 and tokens[:-1].tolist() == req.draft:
             follow = req.source.advance(req.follow, int(tokens[-1]))
-        req.follow, req.draft = follow, []
+        req.follow, req.draft, req.probs = follow, [], NO_DRAFT.probs
 
     def propose(self, request_id: str, max_tokens: int, min_prob: float | None = None) -> list[int]:
         """The best draft of up to `max_tokens` tokens whose path probability stays above `min_prob`."""
         req = self.requests[request_id]
         min_prob = self.min_prob if min_prob is None else min_prob
-        best: tuple[list[int], float, np.ndarray] = ([], 0.0, _NONE)
+        best: Draft = NO_DRAFT
         source = req.source
         if len(req.follow):  # the last draft was accepted whole: go on from where its matches are
             best = source.follow(req.follow, max_tokens, min_prob)
-        if not best[0]:
+        if not best.tokens:
             group = self.groups[req.group_id]
             context = group.tail(request_id, self.context_len)  # the prompt's tail, then the accepted tokens
             if group.length(request_id) < self.context_len:
@@ -95,12 +104,12 @@ class GroupedDrafter:
             sources = (*reversed(self.history.get(req.prompt_key, ())), group, *self.recent, req.prompt)
             for index in sources:  # the usually best source first
                 found = index.speculate(context, max_tokens, min_prob)
-                if (found[1], len(found[0])) > (best[1], len(best[0])):
+                if (found.score, len(found.tokens)) > (best.score, len(best.tokens)):
                     best, source = found, index
-                if len(best[0]) >= max_tokens:  # as long as allowed: later sources are rarely better
+                if len(best.tokens) >= max_tokens:  # as long as allowed: later sources are rarely better
                     break
-        req.draft, req.source, req.follow = best[0], source, best[2]
-        return best[0]
+        req.draft, req.probs, req.source, req.follow = best.tokens, best.probs, source, best.matches
+        return best.tokens
 
     def finish(self, request_id: str) -> None:
         req = self.requests.pop(request_id)
@@ -122,6 +131,15 @@ class GroupedDrafter:
         self.history.move_to_end(prompt_key)
         while len(self.history) > self.max_history_prompts:
             self.history.popitem(last=False)
+
+
+def _common_prefix(draft: list[int], emitted: np.ndarray) -> int:
+    n = 0
+    for want, got in zip(draft, emitted.tolist()):
+        if want != got:
+            break
+        n += 1
+    return n
 
 
 def replay(drafter: GroupedDrafter, groups: list[tuple[list[int], list[list[int]]]], max_draft: int) -> dict:

@@ -20,12 +20,24 @@ The longest order comes first and a full-length draft ends the search.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 
 MAX_MATCHES = 16  # most recent occurrences followed per draft
 EVIDENCE_PRIOR = 1.0  # see `follow`: how little one occurrence proves when drafts are compared
 _EMPTY = np.empty(0, np.int32)
+
+
+class Draft(NamedTuple):
+    tokens: list[int]
+    score: float  # what drafts from different orders and sources are compared by (see `follow`)
+    matches: np.ndarray  # the positions after it of the matches that agree with all of it: `follow` goes on from there
+    probs: np.ndarray  # each token's path probability: the share of matches that agree up to it
+
+
+NO_DRAFT = Draft([], 0.0, _EMPTY, np.empty(0, np.float64))
 _PRIME = np.uint64(0x100000001B3)
 _SEED = np.uint64(0xCBF29CE484222325)
 
@@ -111,7 +123,9 @@ def _tail(tok, prv, last, n):
 def follow(tok, nxt, matches, max_tokens, min_prob, prior):
     """Walk the continuations at positions `matches`: the most frequent next token while the
     share of matches agreeing on the whole path stays at least `min_prob`. Returns the draft,
-    its score, and the positions after it of the matches that agree with all of it.
+    its score, the positions after it of the matches that agree with all of it, and each draft
+    token's share (its path probability, which `AcceptanceRates` checks against what verification
+    accepted).
 
     The score, by which drafts from different orders and sources are compared, sums each
     token's share discounted by m / (m + prior) at every step for the m matches it rests on
@@ -121,6 +135,7 @@ def follow(tok, nxt, matches, max_tokens, min_prob, prior):
     undiscounted share against `min_prob`. Calibrated on recorded rollouts (job B of
     bench/vs_trl.py, the calculator's tool calls): tokens per forward 1.62 -> 2.64 and 6.82 -> 6.78."""
     draft = np.empty(max_tokens, np.int32)
+    probs = np.empty(max_tokens, np.float64)
     cur = matches.copy()
     m = cur.shape[0]
     total = m
@@ -143,6 +158,7 @@ def follow(tok, nxt, matches, max_tokens, min_prob, prior):
         if prob < min_prob:
             break
         draft[d] = best
+        probs[d] = prob
         d += 1
         doubt *= m / (m + prior)
         score += prob * doubt
@@ -153,7 +169,7 @@ def follow(tok, nxt, matches, max_tokens, min_prob, prior):
                 cur[kept] = nxt[c]
                 kept += 1
         m = kept
-    return draft[:d].copy(), score, cur[:m].copy()
+    return draft[:d].copy(), score, cur[:m].copy(), probs[:d].copy()
 
 
 @numba.njit(cache=True)
@@ -173,6 +189,7 @@ def _speculate(tok, nxt, chain, keys, heads, orders, context, max_tokens, min_pr
     best = np.empty(0, np.int32)
     best_score = 0.0
     best_follow = np.empty(0, np.int32)
+    best_probs = np.empty(0, np.float64)
     n_orders = orders.shape[0]
     wanted = np.zeros(n_orders, np.int64)  # the key of each order's n-gram at the context's end
     h = _SEED
@@ -202,12 +219,12 @@ def _speculate(tok, nxt, chain, keys, heads, orders, context, max_tokens, min_pr
             p = chain[k, p]
         if m == 0:
             continue
-        draft, score, agreeing = follow(tok, nxt, found[:m], max_tokens, min_prob, prior)
+        draft, score, agreeing, probs = follow(tok, nxt, found[:m], max_tokens, min_prob, prior)
         if score > best_score:
-            best, best_score, best_follow = draft, score, agreeing
+            best, best_score, best_follow, best_probs = draft, score, agreeing, probs
         if draft.shape[0] >= max_tokens:
             break
-    return best, best_score, best_follow
+    return best, best_score, best_follow, best_probs
 
 
 class MatchIndex:
@@ -296,20 +313,19 @@ class MatchIndex:
     def sequence(self, seq_id: object) -> list[int]:
         return self.tail(seq_id, self.length(seq_id)).tolist()
 
-    def speculate(self, context, max_tokens: int, min_prob: float = 0.1) -> tuple[list[int], float, np.ndarray]:
-        """Best draft continuing the end of `context`: (its tokens, its score, the positions after
-        it of the matches that agree with all of it, for `follow` to go on from)."""
+    def speculate(self, context, max_tokens: int, min_prob: float = 0.1) -> Draft:
+        """Best draft continuing the end of `context`."""
         if self.size == 0 or max_tokens <= 0:
-            return [], 0.0, _EMPTY
+            return NO_DRAFT
         context = np.asarray(context, dtype=np.int32)
-        draft, score, agreeing = _speculate(self.tok, self.nxt, self.chain, self.keys, self.heads, self.orders, context,
-                                            max_tokens, min_prob, MAX_MATCHES, EVIDENCE_PRIOR)
-        return draft.tolist(), score, agreeing
+        draft, score, agreeing, probs = _speculate(self.tok, self.nxt, self.chain, self.keys, self.heads, self.orders,
+                                                   context, max_tokens, min_prob, MAX_MATCHES, EVIDENCE_PRIOR)
+        return Draft(draft.tolist(), score, agreeing, probs)
 
-    def follow(self, matches: np.ndarray, max_tokens: int, min_prob: float) -> tuple[list[int], float, np.ndarray]:
+    def follow(self, matches: np.ndarray, max_tokens: int, min_prob: float) -> Draft:
         """Go on from the matches a previous draft left (see `speculate`)."""
-        draft, score, agreeing = follow(self.tok, self.nxt, matches, max_tokens, min_prob, EVIDENCE_PRIOR)
-        return draft.tolist(), score, agreeing
+        draft, score, agreeing, probs = follow(self.tok, self.nxt, matches, max_tokens, min_prob, EVIDENCE_PRIOR)
+        return Draft(draft.tolist(), score, agreeing, probs)
 
     def advance(self, matches: np.ndarray, token: int) -> np.ndarray:
         return advance(self.tok, self.nxt, matches, token)

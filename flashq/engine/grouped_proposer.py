@@ -6,8 +6,9 @@ flashq plugin (`vllm_plugin.register`, when `FLASHQ_SPECULATION=grouped`) puts t
 place, so the drafts come from `flashq.drafting.drafter.GroupedDrafter`: siblings of the same prompt (one
 group per distinct prompt, as prompt replication makes them), the prompt's responses in earlier
 epochs, and the request's own prompt and output. How far each draft goes is `DraftBudget`'s
-call, from the batch size and the step cost measured here between calls (flashq's settings
-arrive as FLASHQ_DRAFT_* variables, set by `RolloutEngine`). Verification stays vLLM's.
+call, from the batch size, the step cost measured here between calls and how often drafts were
+accepted (flashq's settings arrive as FLASHQ_DRAFT_* variables, set by `RolloutEngine`); a step
+where no draft would pay drafts nothing. Verification stays vLLM's.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from collections import Counter
 
 import numpy as np
 
-from flashq.drafting.budget import DraftBudget
+from flashq.drafting.budget import AcceptanceRates, DraftBudget
 
-STATS = ("calls", "drafting_s", "step_fixed_s", "step_per_token_s")  # in the file FLASHQ_DRAFT_STATS names
+# in the file FLASHQ_DRAFT_STATS names; off_steps: steps where no draft would have paid
+STATS = ("calls", "drafting_s", "step_fixed_s", "step_per_token_s", "off_steps")
 
 
 def read_stats(path: str) -> dict[str, float] | None:
@@ -43,10 +45,12 @@ class GroupedSuffixProposer:
         config = vllm_config.speculative_config
         self.num_speculative_tokens = config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
-        self.drafter = GroupedDrafter(history_epochs=int(os.environ.get("FLASHQ_DRAFT_HISTORY_EPOCHS", "2")),
-                                      min_prob=config.suffix_decoding_min_token_prob)
         self.adaptive = os.environ.get("FLASHQ_DRAFT_ADAPTIVE", "1") == "1"
-        self.budget = DraftBudget(floor=config.suffix_decoding_min_token_prob)
+        self.acceptance = AcceptanceRates() if self.adaptive else None
+        self.drafter = GroupedDrafter(history_epochs=int(os.environ.get("FLASHQ_DRAFT_HISTORY_EPOCHS", "2")),
+                                      min_prob=config.suffix_decoding_min_token_prob, acceptance=self.acceptance)
+        self.budget = DraftBudget(floor=config.suffix_decoding_min_token_prob, acceptance=self.acceptance)
+        self.off_steps = 0
         self.group_of: dict[str, str] = {}  # request id -> group key
         self.members: Counter = Counter()  # group key -> requests still running
         self.last_call: float | None = None
@@ -67,6 +71,8 @@ class GroupedSuffixProposer:
             gc.freeze()
         if self.last_call is not None:
             self.budget.observe(self.last_positions, started - self.last_call)
+        if self.acceptance is not None:
+            self.acceptance.step()
         # finished or aborted requests first: a group that just ended becomes history before the
         # same prompt's next requests (a later epoch) start a new group
         for req_id in set(self.group_of) - input_batch.req_id_to_index.keys():
@@ -77,6 +83,8 @@ class GroupedSuffixProposer:
                 del self.members[key]
                 self.drafter.finish_group(key)
         min_prob = self.budget.min_prob(len(sampled_token_ids)) if self.adaptive else None
+        drafting = min_prob is None or min_prob <= 1.0
+        self.off_steps += not drafting
         drafts: list[list[int]] = []
         for i, sampled in enumerate(sampled_token_ids):
             req_id = input_batch.req_ids[i]
@@ -93,13 +101,13 @@ class GroupedSuffixProposer:
                 self.drafter.start(req_id, key, prompt)
             self.drafter.accept(req_id, sampled)
             budget = min(num_speculative_tokens, self.max_model_len - num_tokens - 1)
-            drafts.append(self.drafter.propose(req_id, budget, min_prob) if budget > 0 else [])
+            drafts.append(self.drafter.propose(req_id, budget, min_prob) if budget > 0 and drafting else [])
         self.last_positions = len(drafts) + sum(len(d) for d in drafts)
         self.last_call = time.perf_counter()
         self.drafting_s += self.last_call - started
         self.calls += 1
         if self.stats is not None:
-            self.stats[:] = (self.calls, self.drafting_s, *self.budget.fit())
+            self.stats[:] = (self.calls, self.drafting_s, *self.budget.fit(), self.off_steps)
         return drafts
 
     def load_model(self, *args, **kwargs) -> None:

@@ -163,8 +163,8 @@ class RolloutEngine:
     def speculation_counters(self) -> dict[str, float]:
         """vLLM's counts since the engine started (flashq.engine.engine_counters): engine steps
         (iterations), and with speculation the verification steps with a draft, draft tokens and
-        accepted draft tokens; with grouped drafts also the seconds spent drafting and the
-        proposer's calls."""
+        accepted draft tokens; with grouped drafts also the seconds spent drafting, the
+        proposer's calls and the steps it drafted nothing because no draft would have paid."""
         if self.counters is None:
             return {}  # vLLM's statistics are off (they cost time) without speculation, so it counts nothing
         from flashq.engine.grouped_proposer import read_stats
@@ -174,6 +174,7 @@ class RolloutEngine:
         if stats:
             out["spec_drafting_s"], out["spec_proposer_calls"] = stats["drafting_s"], stats["calls"]
             out["spec_step_fixed_s"], out["spec_step_per_position_s"] = stats["step_fixed_s"], stats["step_per_token_s"]
+            out["spec_off_steps"] = stats["off_steps"]
         return out
 
     @property

@@ -102,6 +102,8 @@ class StepMetrics:
                 out[f"rollout/weight_sync_s/{peer}"] = stats["weight_sync_s"]
             if "spec_drafting_s" in stats:
                 out[f"spec/drafting_s_total/{peer}"] = stats["spec_drafting_s"]
+            if "spec_off_steps" in stats:
+                out[f"spec/off_steps_total/{peer}"] = stats["spec_off_steps"]
         out.update(self._speculation())
         return out
 

@@ -1,9 +1,10 @@
-"""The adaptive draft length: the probability a draft token needs grows with the batch, and the
-step-cost model it rests on is fitted from observed steps."""
+"""The adaptive draft length: the probability a draft token needs grows with the batch, the
+step-cost model it rests on is fitted from observed steps, and the drafter's estimates are
+checked against what verification accepted."""
 
 import pytest
 
-from flashq.drafting.budget import DraftBudget
+from flashq.drafting.budget import AcceptanceRates, DraftBudget
 
 
 def test_drafts_need_more_certainty_as_the_batch_grows():
@@ -28,3 +29,39 @@ def test_pauses_are_not_steps():
     before = budget.fit()
     budget.observe(32, 5.0)  # a weight update held the engine for seconds
     assert budget.fit() == before
+
+
+def test_drafts_that_are_not_accepted_stop_and_are_probed_again_later():
+    """A real model at T = 1: siblings' continuations look certain to the drafter but 3% of drafted
+    tokens were accepted. Drafting stops; as the record fades it resumes for a probe."""
+    record = AcceptanceRates(prior_tokens=8, half_life_steps=100)
+    budget = DraftBudget(fixed_s=2e-3, per_token_s=5e-5, floor=0.1, acceptance=record)
+    assert budget.min_prob(16) == pytest.approx(budget.needed(16))  # nothing on record: the estimates are trusted
+    for step in range(40):
+        for k in range(16):
+            record.observe([0.95, 0.85, 0.7, 0.5], accepted=1 if (step * 16 + k) % 33 == 0 else 0)
+        record.step()
+    assert budget.min_prob(16) > 1  # no estimate is accepted often enough to pay: draft nothing
+    steps_off = 0
+    while budget.min_prob(16) > 1:
+        record.step()
+        steps_off += 1
+    assert 100 < steps_off < 2000 and 0.9 < budget.min_prob(16) <= 1  # a probe, of the surest tokens only
+
+
+def test_estimates_are_held_to_their_record_class_by_class():
+    record = AcceptanceRates(prior_tokens=8)
+    for _ in range(50):
+        record.observe([0.95, 0.85, 0.5, 0.3], accepted=3)  # the 0.9-1, 0.8-0.9 and 0.4-0.6 tokens accepted, 0.2-0.4 not
+    assert record.threshold(0.6) == pytest.approx(0.4)  # 0.4-0.6 accepted well above its estimate: drafted
+    assert record.threshold(0.2) == pytest.approx(0.4)  # 0.2-0.4 never accepted: not drafted even when little is needed
+    assert AcceptanceRates().threshold(0.3) == pytest.approx(0.3)  # nothing on record: the estimate decides
+    record = AcceptanceRates(prior_tokens=8)
+    for _ in range(50):
+        record.observe([0.95, 0.85], accepted=0)  # the surest class fails: nothing below it is drafted either
+    assert record.threshold(0.2) == float("inf")
+
+
+def test_without_a_record_the_estimates_decide():
+    budget = DraftBudget(fixed_s=2e-3, per_token_s=5e-5, floor=0.1)
+    assert budget.min_prob(64) == pytest.approx(1 / (1 + 2e-3 / (64 * 5e-5)))

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from flashq.drafting.budget import AcceptanceRates
 from flashq.drafting.drafter import GroupedDrafter, MatchIndex, replay
 from flashq.drafting.match_index import MAX_MATCHES
 
@@ -15,10 +16,11 @@ def test_match_index_follows_the_most_frequent_continuation():
     index.extend("a", [1, 2, 3, 4, 5])
     index.extend("b", [9, 2, 3, 4, 6])
     index.extend("c", [2, 3, 4, 6, 7])
-    draft, score, _ = index.speculate([0, 2, 3], max_tokens=4, min_prob=0.1)
+    draft, score = index.speculate([0, 2, 3], max_tokens=4, min_prob=0.1)[:2]
     assert draft == [4, 6, 7]  # 4 always follows 2 3; then 6 twice out of three; then 7 (c's)
     # shares 3/3, 2/3, 1/3, each discounted by m / (m + 1) for the m matches it rests on (3, 3, 1)
     assert score == pytest.approx(1 * 3 / 4 + 2 / 3 * (3 / 4) ** 2 + 1 / 3 * (3 / 4) ** 2 * 1 / 2)
+    assert index.speculate([0, 2, 3], max_tokens=4, min_prob=0.1).probs.tolist() == pytest.approx([1, 2 / 3, 1 / 3])
     assert index.speculate([42], max_tokens=4)[:2] == ([], 0.0)  # nothing to match
 
 
@@ -93,6 +95,22 @@ def test_an_accepted_draft_goes_on_from_its_matches_without_a_new_search():
     assert not len(drafter.requests["g0/1"].follow)
 
 
+def test_each_verified_draft_goes_on_the_acceptance_record():
+    """What verification accepted of each draft, by the drafter's estimate of each token."""
+    record = AcceptanceRates(prior_tokens=0)
+    drafter = GroupedDrafter(recent_responses=0, acceptance=record)
+    for k, tail in enumerate(([40, 41], [40, 41], [50, 51])):  # siblings ahead: 10 11 always, then 40 41 twice in three
+        drafter.start(f"g0/{k}", "g0", [7, 7])
+        drafter.accept(f"g0/{k}", [10, 11, *tail])
+    drafter.start("g0/3", "g0", [7, 7])
+    drafter.accept("g0/3", [9])  # nothing drafted yet: nothing recorded
+    assert record.drafted.sum() == 0
+    drafter.accept("g0/3", [10])
+    assert drafter.propose("g0/3", 3, min_prob=0.5) == [11, 40, 41]  # estimates 1, 2/3, 2/3
+    drafter.accept("g0/3", [11, 50])  # 11 accepted, 40 rejected (the target sampled 50)
+    assert record.drafted.tolist() == [0, 0, 0, 2, 0, 1] and record.accepted.tolist() == [0, 0, 0, 0, 0, 1]
+
+
 def _reference_speculate(seqs: list[list[int]], order_of_arrival: list[tuple[int, int]], orders, context, max_tokens, min_prob):
     """The matching rule spelled out on plain lists: for each order, longest first, the latest
     MAX_MATCHES occurrences of the context's last n tokens that have a continuation, followed
@@ -141,7 +159,7 @@ def test_the_compiled_index_matches_the_rule_spelled_out_on_lists(orders):
             seqs[s].append(t)
             arrival.append((s, len(seqs[s])))
         context = seqs[rng.randrange(len(seqs))][-8:] or [1]
-        draft, score, _ = index.speculate(context, max_tokens=5, min_prob=0.2)
+        draft, score = index.speculate(context, max_tokens=5, min_prob=0.2)[:2]
         want = _reference_speculate(seqs, arrival, orders, context, 5, 0.2)
         assert (draft, round(score, 9)) == (want[0], round(want[1], 9)), step
     assert [index.sequence(s) for s in range(len(seqs))] == seqs
