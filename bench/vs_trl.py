@@ -152,7 +152,8 @@ def breakdown(steps: list[dict]) -> dict[str, float]:
     a, b = len(steps) // 10, len(steps) - 1
     per_step = lambda key: (steps[b][key] - steps[a][key]) / (b - a)  # noqa: E731 - counters summed since start
     mean = lambda key: statistics.mean(r.get(key, 0.0) for r in steps[a:b])  # noqa: E731
-    paused = per_step("rollout/weight_sync_s/rollout-0")
+    # generation paused (since receives run while generating, less than the pushes' calls)
+    paused = per_step("rollout/weight_pause_s/rollout-0")
     return {
         "step_s": (steps[b]["time"] - steps[a]["time"]) / (b - a),
         "trainer_compute_s": mean("train/seconds"),
@@ -161,6 +162,7 @@ def breakdown(steps: list[dict]) -> dict[str, float]:
         "push_s": mean("trainer/weight_sync_s"),
         "engine_generating_s": per_step("rollout/busy_s_total/rollout-0") - paused,
         "engine_paused_for_push_s": paused,
+        "engine_push_call_s": per_step("rollout/weight_sync_s/rollout-0"),
         "engine_idle_s": per_step("rollout/idle_s_total/rollout-0"),
         # over the steps whose metrics saw a verification (the others carry no acceptance length)
         "spec_acceptance_length": statistics.mean([r["spec/acceptance_length"] for r in steps[a:b] if "spec/acceptance_length" in r] or [0.0]),
@@ -242,6 +244,8 @@ def job_figures(job: str, rows: list[dict], runs: dict) -> dict:
             f"job_{job}_speed_vs_trl{tag}": mean(mode, "steps_per_s") / mean("trl", "steps_per_s"),
             f"job_{job}_final_reward_gap_vs_trl{tag}": mean("trl", "final_reward") - mean(mode, "final_reward"),
             f"job_{job}_flashq_breakdown{tag}": {k: statistics.mean(p[k] for p in parts) for k in parts[0]},
+            # seconds a step the engine stood paused for the push (issue 52 item 3: receive while generating)
+            f"job_{job}_push_pause_s{tag}": statistics.mean(p["engine_paused_for_push_s"] for p in parts),
             f"job_{job}_response_length_median{tag}": statistics.mean(x["median"] for x in lengths),
             f"job_{job}_response_length_p99{tag}": statistics.mean(x["p99"] for x in lengths),
         })

@@ -115,6 +115,10 @@ class FlashqConfig(Section):
             if self.eval.task is not None and self.eval.task == self.task:
                 raise ValueError("eval.task is the training task: its prompts would be trained on; leave eval.task unset to hold out "
                                  "eval.holdout of them instead")
+        if self.weight_sync.receive_while_generating and (self.rollout.tensor_parallel_size > 1 or self.trainer.lora is not None):
+            why = "rollout.tensor_parallel_size > 1 (each engine's workers are other processes)" if \
+                self.rollout.tensor_parallel_size > 1 else "trainer.lora (adapter pushes pause to receive)"
+            raise ValueError(f"weight_sync.receive_while_generating needs one worker per engine and full-weight pushes: not {why}")
         lora = self.trainer.lora
         if lora is not None and lora.serve == "auto":  # the resolved config.yaml shows which
             object.__setattr__(lora, "serve", "merged" if self.model.dtype == "float32" else "adapter")

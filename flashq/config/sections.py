@@ -307,6 +307,13 @@ class WeightSyncConfig(Section):
                              "an NCCL push is aborted on every side, and the push is retried on a rebuilt group.")
     host: str = Field("127.0.0.1", description="Address the trainer hosts the transfer group on.")
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
+    receive_while_generating: bool | None = Field(
+        None,
+        description="Engines receive a push while they go on generating, and pause only to load it (tokens sampled "
+        "meanwhile keep the old version's label). None: on with gloo (the CPU), off with NCCL, where it has not run. Needs "
+        "each engine's worker in its engine core's process (tensor_parallel_size 1); without LoRA (adapter pushes pause "
+        "to receive).",
+    )
     overlap: bool = Field(
         True,
         description="One-rank trainer: push version v while step v+1 computes its gradients (its optimizer waits for the "

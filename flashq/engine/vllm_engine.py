@@ -79,6 +79,8 @@ class RolloutEngine:
         self.version = 0
         self.transfer_ready = False
         self.update_open = False  # started, not finished: generation stays paused until a push completes
+        self.paused_s = 0.0  # seconds generation stood paused for pushes, summed
+        self.receive_while_generating = False  # set at start, with the backend
         self.recompute_kv = cfg.rollout.recompute_kv_on_update
         self.draft_stats_path: str | None = None
         self.lora_request = None  # with trainer.lora: the policy's adapter, built once at start
@@ -98,6 +100,9 @@ class RolloutEngine:
         backend = "gloo" if self.device == "cpu" else "nccl"
         if self.cfg.weight_sync.backend != "auto":
             backend = self.cfg.weight_sync.backend
+        wanted = self.cfg.weight_sync.receive_while_generating
+        self.receive_while_generating = (backend == "gloo" if wanted is None else wanted) and \
+            rc.tensor_parallel_size == 1 and self.cfg.trainer.lora is None
         kwargs = dict(
             model=str(self.model_path),
             dtype=self.cfg.model.dtype,
@@ -238,7 +243,9 @@ class RolloutEngine:
         """`init_weight_transfer_engine`: join (or rejoin) the trainer's transfer group.
         `push_weights`: a whole update in one call into the engine core (pause with keep,
         receive while the trainer broadcasts, label the weights `version`, resume), so generation
-        stops only for the transfer itself, not for round trips between processes."""
+        stops only for the transfer itself, not for round trips between processes. With
+        `receive_while_generating` the receive comes first, while the engine generates, and the
+        pause only loads what arrived."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         llm = self.llm
@@ -256,11 +263,17 @@ class RolloutEngine:
             if lora is not None:
                 call = ("flashq_push_adapter", {"update_info": payload, "peft_config": lora.peft_dict(), "merged": lora.serve == "merged",
                                                 "deadline_s": deadline_s})
+            elif self.receive_while_generating:
+                # the bytes arrive while the engine generates; a receive that fails never paused it
+                await llm.engine_core.call_utility_async("flashq_receive_while_generating",
+                                                         {"update_info": payload, "deadline_s": deadline_s})
+                call = ("flashq_load_staged", {})
             else:
                 call = ("flashq_push_weights", {"update_info": payload, "deadline_s": deadline_s})
             self.update_open = True
             # one call into the engine core (flashq's vllm_plugin); the engine stays paused if it fails
-            await llm.engine_core.call_utility_async("flashq_pause_push_resume", *call, str(version), self.recompute_kv)
+            self.paused_s += await llm.engine_core.call_utility_async("flashq_pause_push_resume", *call, str(version),
+                                                                      self.recompute_kv)
             self.update_open = False
             self.version = version
         else:

@@ -5,6 +5,8 @@ Keep this import-light: vLLM loads it before building each worker.
 
 import logging
 import sys
+import threading
+import time
 from concurrent.futures import Future
 
 
@@ -74,27 +76,31 @@ def _cpu_platform() -> bool:
 
 
 def install_push_in_one_call() -> None:
-    """Give vLLM's engine core `flashq_pause_push_resume` (`push_weights_in_engine_core` below),
-    called by name as a utility; the worker's receive it runs is FlashqWorkerExtension's."""
+    """Give vLLM's engine core `flashq_pause_push_resume` (`push_weights_in_engine_core` below)
+    and `flashq_receive_while_generating` (`receive_in_engine_core`), called by name as
+    utilities; the worker methods they run are FlashqWorkerExtension's."""
     from vllm.v1.engine.core import EngineCore
 
     EngineCore.flashq_pause_push_resume = push_weights_in_engine_core
+    EngineCore.flashq_receive_while_generating = receive_in_engine_core
 
 
 def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version: str, clear_cache: bool) -> Future:
     """A whole weight update inside the engine core: pause with "keep" (running requests
-    frozen, not aborted), run the worker's receive (`worker_method` of FlashqWorkerExtension),
-    label the weights `version` and resume. Driven from the front end these are four calls,
-    each a round trip between its process and the engine core's while the engine stands
-    paused; here the receive starts the moment the pause completes. Nothing is generated
-    between the pause and the resume, so every token vLLM labels `version` was sampled from the
-    new weights. If the receive fails (a push broken off by a death), generation stays paused
-    until the next push succeeds."""
+    frozen, not aborted), run the worker's `worker_method` (FlashqWorkerExtension's: receive and
+    load, or load what was received while generating), label the weights `version` and resume.
+    Driven from the front end these are four calls, each a round trip between its process and
+    the engine core's while the engine stands paused; here the load starts the moment the pause
+    completes. Nothing is generated between the pause and the resume, so every token vLLM labels
+    `version` was sampled from the new weights. If the load fails (a push broken off by a
+    death), generation stays paused until the next push succeeds. The future's result: the
+    seconds generation stood paused."""
     from vllm.v1.engine import EngineCoreRequestType
 
     done: Future = Future()
 
     def push(paused: Future | None = None) -> None:
+        stopped = time.monotonic()
         try:
             if paused is not None:
                 paused.result()
@@ -104,7 +110,7 @@ def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version:
         except Exception as e:  # noqa: BLE001 - handed to the caller through the future
             done.set_exception(e)
         else:
-            done.set_result(None)
+            done.set_result(time.monotonic() - stopped)
         if paused is not None:
             # this ran in the engine core's idle loop, which next blocks on its input queue:
             # without a message it would sit there with requests to run (a run whose staleness
@@ -116,6 +122,34 @@ def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version:
         push()
     else:  # a step in flight: the pause completes at the engine core's next idle point
         paused.add_done_callback(push)
+    return done
+
+
+def receive_in_engine_core(core, kwargs: dict) -> Future:
+    """Receive a push while the engine goes on generating: the worker's `flashq_stage_weights`
+    runs on a thread of the engine core's process, holding what arrives beside the served
+    model (which it never touches), and the future resolves once every byte is in; the front
+    end then loads it with `flashq_pause_push_resume`. Only where the worker lives in this
+    process (vLLM's one-process executor: one GPU or the CPU); elsewhere the worker is behind
+    vLLM's message queue, which one thread at a time may use."""
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    executor = core.model_executor
+    if not isinstance(executor, UniProcExecutor):
+        raise RuntimeError(f"receiving while generating needs vLLM's one-process executor, not {type(executor).__name__}: "
+                           "set weight_sync.receive_while_generating=false")
+    worker = executor.driver_worker.worker
+    done: Future = Future()
+
+    def receive() -> None:
+        try:
+            worker.flashq_stage_weights(**kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+            done.set_exception(e)
+        else:
+            done.set_result(None)
+
+    threading.Thread(target=receive, name="flashq-weight-receive", daemon=True).start()
     return done
 
 
@@ -170,8 +204,6 @@ def relay_signals_to_main_thread() -> None:
     notices would: they reach the rollout worker, whose exit stops its engine.)"""
     import signal
     import socket
-    import threading
-    import time
 
     receive, send = socket.socketpair()
     send.setblocking(False)
@@ -197,8 +229,6 @@ def nap_while_waiting_for_queue() -> None:
     each time up to 200 us, so a wait costs its core almost nothing and ends at most about 200 us
     late. (Blocking on the queue's notify socket instead loses wake-ups: vLLM only relies on it
     after a second idle.)"""
-    import time
-
     from vllm.distributed.device_communicators import shm_broadcast
 
     cls = shm_broadcast.SpinCondition

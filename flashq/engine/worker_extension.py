@@ -16,6 +16,40 @@ class FlashqWorkerExtension:
         under_nccl_deadline(self.weight_transfer_engine, deadline_s, "weight receive", self.update_weights, update_info)
         self.finish_weight_update()
 
+    def flashq_stage_weights(self, update_info: dict, deadline_s: float | None = None) -> None:
+        """Receive a push into memory beside the served model, on a thread of the engine core's
+        process while the engine generates (`vllm_plugin.receive_in_engine_core`); the model is
+        not touched until `flashq_load_staged`. A receive that fails leaves nothing staged."""
+        from flashq.engine.adapter import ReceivedTensors
+        from flashq.engine.push_deadline import under_nccl_deadline
+
+        self._flashq_staged = None
+        engine = self.weight_transfer_engine
+        if engine is None:
+            raise RuntimeError("weight push before the weight-transfer group was initialised")
+        sink = ReceivedTensors()
+        engine.set_weight_update_target(sink, engine.model_config)
+        try:
+            under_nccl_deadline(engine, deadline_s, "weight receive", engine.update_weights, update_info)
+        finally:
+            engine.reset_weight_update_target()
+        self._flashq_staged = sink.tensors
+
+    def flashq_load_staged(self) -> None:
+        """Load what `flashq_stage_weights` received, with vLLM's layerwise reload as a push
+        does; run while the engine is paused."""
+        staged, self._flashq_staged = getattr(self, "_flashq_staged", None), None
+        if staged is None:
+            raise RuntimeError("no received weights to load: the receive did not complete")
+        self.start_weight_update()
+        try:
+            self.weight_transfer_engine.model.load_weights(list(staged.items()))
+        except BaseException:
+            self._weight_update_active = False
+            self.weight_transfer_engine.reset_weight_update_target()
+            raise
+        self.finish_weight_update()
+
     def flashq_push_adapter(self, update_info: dict, peft_config: dict, merged: bool, deadline_s: float | None = None) -> None:
         """A LoRA push: receive the adapter's tensors and serve them in place of the last ones,
         merged into the base weights or as vLLM's LoRA adapter."""

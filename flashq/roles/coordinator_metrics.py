@@ -100,6 +100,8 @@ class StepMetrics:
         for peer, stats in self.worker_stats.items():
             if "weight_sync_s" in stats:
                 out[f"rollout/weight_sync_s/{peer}"] = stats["weight_sync_s"]
+            if "weight_pause_s" in stats:
+                out[f"rollout/weight_pause_s/{peer}"] = stats["weight_pause_s"]
             if "spec_drafting_s" in stats:
                 out[f"spec/drafting_s_total/{peer}"] = stats["spec_drafting_s"]
             if "spec_off_steps" in stats:

@@ -189,7 +189,8 @@ class RolloutWorker:
                 "tokens": float(self.tokens),
                 "requests": float(self.requests),
                 "in_flight": float(self.clock.in_flight),
-                "weight_sync_s": self.sync_s,
+                "weight_sync_s": self.sync_s,  # the pushes' calls, whole
+                "weight_pause_s": self.engine.paused_s,  # of which generation stood paused
                 "version": float(self.engine.version),
                 **{k: float(v) for k, v in self.episode_counts.items()},
                 **self.engine.speculation_counters(),

@@ -3,6 +3,7 @@ the trainer side is `WeightPusher`, the engine side `RolloutEngine`, and the cal
 go straight through instead of over sockets."""
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -91,6 +92,66 @@ def test_new_weights_reach_the_engine_exactly_and_in_flight_requests_span_versio
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     assert after.text == tokenizer.decode(after.token_ids.tolist(), skip_special_tokens=True)
+
+
+def test_the_engine_generates_while_it_receives_a_push_and_pauses_only_to_load(tiny_model):
+    """weight_sync.receive_while_generating (on with gloo): while the trainer holds back a push's
+    bytes the engine goes on generating, so a request sent after the receive began runs to its
+    end, all of it at the old version (with the receive inside the pause it would wait for the
+    bytes). Once they are in, the push pauses only to load: a request in flight across it spans
+    both versions in order, and what is sampled after is the new version's."""
+    from transformers import AutoModelForCausalLM
+
+    from flashq.engine.vllm_engine import RolloutEngine
+    from flashq.engine.weights import WeightPusher
+    cfg = load_config(None, ["rollout.max_model_len=1024", "sampling.max_tokens=600"])
+
+    async def main():
+        engine = RolloutEngine(cfg, tiny_model, 0, "cpu")
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(tiny_model)
+            pusher = await loop.run_in_executor(None, lambda: WeightPusher(cfg.weight_sync, model, direct_rpc(engine, loop), 1,
+                                                                           free_port(), torch.device("cpu")))
+            receiving, release = asyncio.Event(), threading.Event()
+            core, broadcast = engine.llm.engine_core, pusher.engine._broadcast
+            call = core.call_utility_async
+
+            async def watched(method, *args):  # the receive's call is on its way once this runs
+                if method == "flashq_receive_while_generating":
+                    receiving.set()
+                return await call(method, *args)
+
+            def held_back(meta):
+                assert release.wait(120), "never released"
+                broadcast(meta)
+
+            core.call_utility_async, pusher.engine._broadcast = watched, held_back
+            prompt = np.array([2, 53, 47, 54, 65], np.int32)
+            long = asyncio.create_task(engine.generate(GenerateRequest("long", "g", prompt, 600, 600, 1.0, 1.0, 1)))
+            await tokens_received(engine, "long", 8)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+            push = loop.run_in_executor(None, pusher.push, 1)
+            await asyncio.wait_for(receiving.wait(), 60)
+            during = await asyncio.wait_for(engine.generate(GenerateRequest("during", "g", prompt, 40, 40, 1.0, 1.0, 2)), 120)
+            release.set()
+            await push
+            spanning = await asyncio.wait_for(long, timeout=120)
+            after = await engine.generate(GenerateRequest("after", "g", prompt, 40, 40, 1.0, 1.0, 3))
+            pusher.close()
+            return during, spanning, after, engine.paused_s
+        finally:
+            await engine.shutdown()
+
+    during, spanning, after, paused_s = asyncio.run(main())
+    assert len(during.token_ids) == 40 and set(during.versions.tolist()) == {0}
+    v = spanning.versions
+    assert len(v) == 600 and v[0] == 0 and v[-1] == 1 and np.all(np.diff(v) >= 0)
+    assert set(after.versions.tolist()) == {1}
+    assert paused_s > 0  # the load's pause, measured in the engine core
 
 
 STOP_BOOST = 20.0  # the stop token's embedding row (tied: its logit) scaled, p(stop) a few %

@@ -30,6 +30,10 @@ def test_defaults_validate_and_overrides_apply():
         ("trainer.param_dtype=bfloat16", "compute_dtype float32 with param_dtype bfloat16"),
         ("rollout.engine_start=fork rollout.omp_threads=2", "rollout.engine_start fork with omp_threads 2"),
         ("trainer.compute_dtype=float16", "trainer.compute_dtype: Input should be 'float32' or 'bfloat16'"),
+        ("weight_sync.receive_while_generating=true trainer.lora.rank=4", "receive_while_generating needs one worker per engine "
+         "and full-weight pushes: not trainer.lora"),
+        ("weight_sync.receive_while_generating=true rollout.tensor_parallel_size=2",
+         "not rollout.tensor_parallel_size > 1"),
     ],
 )
 def test_bad_values_name_the_field(override, expected):

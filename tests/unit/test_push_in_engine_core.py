@@ -47,7 +47,7 @@ IN_ORDER = [("pause", "keep", False), ("receive", "flashq_push_weights", {"updat
 def test_an_idle_engine_is_updated_within_the_call():
     core = FakeEngineCore(busy=False)
     done = push_weights_in_engine_core(core, "flashq_push_weights", {"update_info": UPDATE}, "7", False)
-    assert done.done() and done.result() is None
+    assert done.done() and done.result() >= 0
     assert core.calls == IN_ORDER
 
 
@@ -61,7 +61,7 @@ def test_a_busy_engine_is_updated_when_its_step_ends_and_its_idle_loop_is_woken(
     done = push_weights_in_engine_core(core, "flashq_push_weights", {"update_info": UPDATE}, "7", False)
     assert not done.done() and core.calls == IN_ORDER[:1]  # nothing received before the step ends
     core.pause.set_result(None)
-    assert done.result(timeout=0) is None and core.calls == IN_ORDER
+    assert done.result(timeout=0) >= 0 and core.calls == IN_ORDER
     assert core.input_queue.get_nowait() == (EngineCoreRequestType.WAKEUP, None)
 
 
@@ -101,7 +101,7 @@ def test_vllms_idle_loop_moves_on_to_the_resumed_requests_after_a_late_push():
 
         core.input_queue.put_nowait((EngineCoreRequestType.WAKEUP, None))
     assert not hung, "the idle loop blocked on its input queue with requests to run"
-    assert done.result(timeout=0) is None and core.calls == IN_ORDER
+    assert done.result(timeout=0) >= 0 and core.calls == IN_ORDER
 
 
 def test_a_failed_receive_reaches_the_caller_and_leaves_the_engine_paused():
@@ -111,3 +111,56 @@ def test_a_failed_receive_reaches_the_caller_and_leaves_the_engine_paused():
     with pytest.raises(RuntimeError, match="broke off"):
         done.result(timeout=0)
     assert core.calls == IN_ORDER[:1]  # not labelled, not resumed: only the next push that succeeds resumes
+
+
+class StagingWorker:
+    """The worker's `flashq_stage_weights` as the engine core's thread sees it: blocks until the
+    trainer's bytes are in (`arrive`), on whichever thread runs it."""
+
+    def __init__(self, fails: bool = False):
+        self.arrive, self.fails = threading.Event(), fails
+        self.thread: threading.Thread | None = None
+
+    def flashq_stage_weights(self, update_info, deadline_s=None):
+        self.thread = threading.current_thread()
+        assert self.arrive.wait(10)
+        if self.fails:
+            raise RuntimeError("the broadcast broke off")
+
+
+def staging_core(worker):
+    """An engine core whose executor is vLLM's one-process one (built without starting a worker)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    executor = UniProcExecutor.__new__(UniProcExecutor)
+    executor.driver_worker = SimpleNamespace(worker=worker)
+    return SimpleNamespace(model_executor=executor)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_push_is_received_beside_the_engine_core_loop(fails):
+    """`flashq_receive_while_generating` returns at once (the engine core's loop goes on with
+    its steps) and its future resolves, or fails, when the receive on its own thread does."""
+    from flashq.engine.vllm_plugin import receive_in_engine_core
+
+    worker = StagingWorker(fails)
+    done = receive_in_engine_core(staging_core(worker), {"update_info": UPDATE})
+    assert not done.done()
+    worker.arrive.set()
+    if fails:
+        with pytest.raises(RuntimeError, match="broke off"):
+            done.result(timeout=10)
+    else:
+        assert done.result(timeout=10) is None
+    assert worker.thread is not threading.current_thread()
+
+
+def test_receiving_while_generating_is_refused_where_the_worker_is_another_process():
+    from types import SimpleNamespace
+
+    from flashq.engine.vllm_plugin import receive_in_engine_core
+
+    with pytest.raises(RuntimeError, match="receive_while_generating=false"):
+        receive_in_engine_core(SimpleNamespace(model_executor=object()), {"update_info": UPDATE})
