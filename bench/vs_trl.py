@@ -302,12 +302,40 @@ def samples_per_step(job: str, work: Path) -> int:
 CALIBRATION = ROOT / "bench" / "results" / "vs_trl_calibration.json"  # the published choice, also in a quick sweep
 
 
+CALIBRATION_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_calibration_runs.jsonl"  # each finished run, kept as it ends
+
+
+def code_fingerprint() -> str:
+    """What a calibration run's speed depends on: flashq, the configs and the benchmark's own
+    files as committed (a commit that changes only docs or other benchmarks keeps it)."""
+    paths = ["flashq", "configs", "bench/vs_trl.py", "bench/trl_runner.py", "bench/common.py"]
+    out = subprocess.run(["git", "rev-parse", *(f"HEAD:{p}" for p in paths)], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=ROOT, capture_output=True, text=True).stdout
+    if out.returncode != 0 or dirty.strip():
+        raise SystemExit("the calibration runs on committed code: commit or stash the changes to " + ", ".join(paths))
+    return ",".join(out.stdout.split())
+
+
+def kept_runs(key: dict) -> list[dict]:
+    """Runs an interrupted calibration finished with this code, on this kind of CPU, at these steps."""
+    if not CALIBRATION_RUNS.exists():
+        return []
+    rows = [json.loads(line) for line in CALIBRATION_RUNS.read_text().splitlines() if line.strip()]
+    return [r for r in rows if all(r.get(k) == v for k, v in key.items())]
+
+
 def calibrate(steps: int) -> None:
     """Job R: every setting of each system on the calibration seeds, the systems taking turns
     seed by seed; each system's choice is its setting with the most steps per second (the mean
     over the seeds; the whole command's wall, as reported runs count it). Written before any
-    reported run, which reads it (`chosen_settings`)."""
-    rows = []
+    reported run, which reads it (`chosen_settings`). Each run is kept as it finishes
+    (CALIBRATION_RUNS): a calibration cut off (it takes hours) goes on where it stopped, on the
+    same code and the same kind of CPU only."""
+    identity = {"code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps}
+    rows = kept_runs(identity)
+    done = {(r["system"], r["setting"], r["seed"]) for r in rows}
+    if rows:
+        print(f"{len(rows)} calibration run(s) kept from before (same code, CPU and steps): {sorted(done)}")
     with tempfile.TemporaryDirectory(prefix="flashq-vs-trl-cal-") as tmp:
         work = Path(tmp)
         model = make_sft("r", work)
@@ -316,9 +344,16 @@ def calibrate(steps: int) -> None:
         for seed in CALIBRATION_SEEDS:
             for system, (settings, run) in runners.items():
                 for setting in settings:
+                    if (system, setting, seed) in done:
+                        continue
                     r = run(seed, setting)
-                    rows.append({"system": system, "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
-                                 "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"])})
+                    row = {"system": system, "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
+                           "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"]),
+                           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit()}
+                    rows.append(row)
+                    CALIBRATION_RUNS.parent.mkdir(parents=True, exist_ok=True)
+                    with CALIBRATION_RUNS.open("a") as f:
+                        f.write(json.dumps({**row, **identity}) + "\n")
     by_setting: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         by_setting.setdefault((r["system"], r["setting"]), []).append(r["steps_per_s"])
@@ -331,7 +366,9 @@ def calibrate(steps: int) -> None:
                "rule": "each system: the setting with the highest mean steps/s over the calibration seeds, settings fixed beforehand "
                        "(bench/vs_trl.py FLASHQ_SETTINGS, bench/trl_runner.py SETTINGS)"}
     print(f"chosen: {choice}")
-    write_result("vs_trl_calibration", rows, figures, notes="Chose job R's settings for bench/vs_trl.py; never a reported run.")
+    write_result("vs_trl_calibration", rows, figures, notes="Chose job R's settings for bench/vs_trl.py; never a reported run. "
+                 "A calibration cut off goes on where it stopped, on the same code and CPU model: each row has its own date "
+                 "and commit (the file's are when the choice was made).")
 
 
 def chosen_settings() -> dict[str, str]:

@@ -21,3 +21,22 @@ def test_flashq_decays_what_transformers_trainer_decays(tiny_model):
     trl_decays = {id(model.get_parameter(n)) for n in Trainer.get_decay_parameter_names(None, model)}
     assert decayed_by_flashq(model, FLASHQ_OPTIMIZER) == trl_decays
     assert decayed_by_flashq(model, []) != trl_decays  # the quickstart's own scope (all) reaches further
+
+
+def test_an_interrupted_calibration_keeps_only_runs_of_the_same_code_cpu_and_steps(tmp_path, monkeypatch):
+    """Job R's calibration takes hours and may be cut off: what it finished is kept, and taken up
+    again only on the same code, the same kind of CPU and the same number of steps."""
+    import json
+
+    import bench.vs_trl as vs_trl
+
+    runs = tmp_path / "runs.jsonl"
+    monkeypatch.setattr(vs_trl, "CALIBRATION_RUNS", runs)
+    here = {"code": "abc", "cpu_model": "AMD EPYC", "steps": 12}
+    rows = [{"system": "trl", "setting": "default", "seed": 100, **here},
+            {"system": "trl", "setting": "paged", "seed": 100, **here, "code": "older"},
+            {"system": "flashq", "setting": "turns", "seed": 100, **here, "cpu_model": "Intel Xeon"},
+            {"system": "flashq", "setting": "split", "seed": 100, **here, "steps": 8}]
+    runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [(r["system"], r["setting"]) for r in vs_trl.kept_runs(here)] == [("trl", "default")]
+    assert vs_trl.kept_runs({**here, "code": "newer"}) == []
