@@ -33,7 +33,8 @@ def gpu_roles(cfg: FlashqConfig) -> dict[str, list[int]]:
 
 
 def check_gpu_placement(cfg: FlashqConfig) -> None:
-    """The devices placement names: enough for each role, and none named for two ranks."""
+    """The devices placement names: enough for each role, and none named for two ranks (with
+    placement.colocate, the one device the trainer and the engine share)."""
     pl, tp, workers = cfg.placement, cfg.rollout.tensor_parallel_size, cfg.rollout.num_workers
     if pl.rollout_gpus and len(pl.rollout_gpus) != workers * tp:
         raise ValueError(f"placement.rollout_gpus names {len(pl.rollout_gpus)} device(s); {workers} rollout worker(s) "
@@ -41,6 +42,11 @@ def check_gpu_placement(cfg: FlashqConfig) -> None:
     if pl.trainer_gpus and len(pl.trainer_gpus) != cfg.trainer.world_size:
         raise ValueError(f"placement.trainer_gpus names {len(pl.trainer_gpus)} device(s) for trainer.world_size "
                          f"{cfg.trainer.world_size} (one per rank)")
+    if pl.colocate:
+        if pl.rollout_gpus and pl.trainer_gpus and pl.rollout_gpus != pl.trainer_gpus:
+            raise ValueError(f"placement.colocate: the trainer and the rollout worker take turns on one device, but "
+                             f"placement names cuda:{pl.rollout_gpus[0]} and cuda:{pl.trainer_gpus[0]}")
+        return
     holder: dict[int, str] = {}
     for role, devices in gpu_roles(cfg).items():
         for d in devices:
@@ -63,12 +69,13 @@ def visible_gpus() -> int:
 
 def place_gpus(cfg: FlashqConfig, available: int) -> FlashqConfig:
     """At launch: with `available` GPUs and a trainer that would use one, give every role its own
-    devices when placement names none, or refuse; devices placement names must exist."""
+    devices when placement names none (with placement.colocate, cuda:0 to both), or refuse;
+    devices placement names must exist."""
     if available == 0 or cfg.trainer.device == "cpu":
         return cfg
     pl = cfg.placement
     rollout_need = cfg.rollout.num_workers * cfg.rollout.tensor_parallel_size
-    need = rollout_need + cfg.trainer.world_size
+    need = 1 if pl.colocate else rollout_need + cfg.trainer.world_size
     named = [*pl.rollout_gpus, *pl.trainer_gpus]
     if missing := sorted(d for d in named if d >= available):
         raise ConfigError(f"placement names cuda:{', cuda:'.join(map(str, missing))}; {available} device(s) are visible")
@@ -83,7 +90,7 @@ def place_gpus(cfg: FlashqConfig, available: int) -> FlashqConfig:
                           f"{available} visible. Lower rollout.num_workers or trainer.world_size, or set trainer.device: cpu")
     cfg = cfg.model_copy(deep=True)
     cfg.placement.rollout_gpus = list(range(rollout_need))
-    cfg.placement.trainer_gpus = list(range(rollout_need, need))
+    cfg.placement.trainer_gpus = [0] if pl.colocate else list(range(rollout_need, need))
     return cfg
 
 

@@ -332,9 +332,10 @@ class StepStats(Msg, tag="step_stats"):
 
 class WeightSyncCall(Msg, tag="wsync_call"):
     """Trainer -> coordinator -> every rollout worker: `init_weight_transfer_engine` (join the
-    transfer group) or `push_weights` (one whole update: vLLM's start_weight_update,
-    update_weights and finish_weight_update in one round trip). The coordinator fans it out and
-    gathers the replies."""
+    transfer group), `push_weights` (one whole update: vLLM's start_weight_update,
+    update_weights and finish_weight_update in one round trip) or, with placement.colocate,
+    `release_devices` (the engine gives the devices to the trainer until the next push). The
+    coordinator fans it out and gathers the replies."""
 
     call_id: int
     method: str
@@ -355,7 +356,7 @@ class Regroup(Msg, tag="regroup"):
     reason: str = ""
 
 
-WEIGHT_SYNC_METHODS = ("init_weight_transfer_engine", "push_weights")
+WEIGHT_SYNC_METHODS = ("init_weight_transfer_engine", "push_weights", "release_devices")
 
 
 class WeightSyncReply(Msg, tag="wsync_reply"):

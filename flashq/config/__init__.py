@@ -115,6 +115,15 @@ class FlashqConfig(Section):
             if self.eval.task is not None and self.eval.task == self.task:
                 raise ValueError("eval.task is the training task: its prompts would be trained on; leave eval.task unset to hold out "
                                  "eval.holdout of them instead")
+        if self.placement.colocate:
+            shared = {"async_ratio": (self.async_ratio, 0), "rollout.num_workers": (self.rollout.num_workers, 1),
+                      "rollout.tensor_parallel_size": (self.rollout.tensor_parallel_size, 1),
+                      "trainer.world_size": (self.trainer.world_size, 1)}
+            if wrong := [f"{k} {v} (needs {want})" for k, (v, want) in shared.items() if v != want]:
+                raise ValueError("placement.colocate takes turns on one engine's devices with one trainer rank: "
+                                 + ", ".join(wrong))
+        if self.trainer.offload_optimizer and not self.placement.colocate:
+            raise ValueError("trainer.offload_optimizer frees the device for an engine that shares it: set placement.colocate")
         if self.weight_sync.receive_while_generating and (self.rollout.tensor_parallel_size > 1 or self.trainer.lora is not None):
             why = "rollout.tensor_parallel_size > 1 (each engine's workers are other processes)" if \
                 self.rollout.tensor_parallel_size > 1 else "trainer.lora (adapter pushes pause to receive)"

@@ -301,7 +301,8 @@ class RewardConfig(Section):
 class WeightSyncConfig(Section):
     """How the trainer pushes new weights to the engines."""
 
-    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description='"auto": nccl with CUDA, gloo otherwise.')
+    backend: Literal["auto", "gloo", "nccl", "ipc"] = Field(
+        "auto", description='"auto": nccl with CUDA (ipc with placement.colocate: CUDA IPC on the shared device), gloo otherwise.')
     bucket_mb: int = Field(64, ge=1, description="Weights are pushed in buckets of this many MiB.")
     timeout_s: float = Field(300.0, gt=0, description="Longest a weight push (or joining the transfer group) may take; past it "
                              "an NCCL push is aborted on every side, and the push is retried on a rebuilt group.")
@@ -383,6 +384,14 @@ class PlacementConfig(Section):
         0, ge=0, le=19, description="Scheduling niceness of the rollout workers and their engines (Linux nice, 0-19). At 19 "
         "on a CPU, generation yields the cores to the trainer while it computes and takes them all while it waits: turns "
         "without a protocol, for an engine and a trainer that each use every core (rollout.omp_threads, trainer.threads)."
+    )
+    colocate: bool = Field(
+        False,
+        description="Generation and training take turns on the same devices (one GPU, or every CPU core for each): before "
+        "each step the engine is released (on a GPU vLLM's sleep level 1: weights to CPU memory, KV cache freed; on a CPU "
+        "its scheduler paused), and the push brings it back (weights woken, new weights received over CUDA IPC, KV cache "
+        "woken). Turns leave nothing to overlap, so async_ratio must be 0; one rollout worker, tensor_parallel_size 1, "
+        "trainer.world_size 1. Built to vLLM's API; not yet run on a GPU.",
     )
     rollout_gpus: list[int] = Field(
         default_factory=list, description="CUDA devices of the rollout workers, tensor_parallel_size consecutive ones each."

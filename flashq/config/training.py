@@ -159,6 +159,9 @@ class TrainerConfig(Section):
         200, ge=1, description="Stop the run, saying why, when this many complete groups in a row were dropped (dynamic "
         "sampling, or rewards that kept failing)."
     )
+    offload_optimizer: bool = Field(
+        False, description="placement.colocate on a GPU: the optimizer state moves to CPU memory after each step and back "
+        "before the next, so the engine's KV cache has the device while it generates.")
     checkpoint_every: int = Field(
         100, ge=0, description="Checkpoint every N steps (and at the end), so a crash loses at most N steps; 0: only at the end."
     )

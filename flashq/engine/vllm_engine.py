@@ -69,6 +69,16 @@ def prepare_engine_process(cfg: FlashqConfig, device: str | None = None) -> None
         start_forkserver()
 
 
+def choose_engine_backend(cfg: FlashqConfig, device: str) -> str:
+    """The weight-transfer backend the engine serves: weight_sync.backend, or by the device
+    (gloo on a CPU; on CUDA, NCCL, or CUDA IPC on the device a colocated trainer shares)."""
+    if cfg.weight_sync.backend != "auto":
+        return cfg.weight_sync.backend
+    if device == "cpu":
+        return "gloo"
+    return "ipc" if cfg.placement.colocate else "nccl"
+
+
 class RolloutEngine:
     def __init__(self, cfg: FlashqConfig, model_path: Path, worker_index: int, device: str):
         self.cfg = cfg
@@ -80,6 +90,10 @@ class RolloutEngine:
         self.transfer_ready = False
         self.update_open = False  # started, not finished: generation stays paused until a push completes
         self.paused_s = 0.0  # seconds generation stood paused for pushes, summed
+        self.colocate = cfg.placement.colocate  # generation and training take turns on the devices
+        self.backend: str | None = None  # the weight-transfer backend, chosen at start
+        self.released_at: float | None = None  # colocated: when the engine last gave the devices up
+        self.released_s = 0.0  # seconds it stood released, summed
         self.receive_while_generating = False  # set at start, with the backend
         self.recompute_kv = cfg.rollout.recompute_kv_on_update
         self.draft_stats_path: str | None = None
@@ -97,12 +111,10 @@ class RolloutEngine:
         from flashq.engine.engine_counters import EngineCounters, engine_counters
         from flashq.engine.vllm_plugin import end_engine_core_without_teardown
 
-        backend = "gloo" if self.device == "cpu" else "nccl"
-        if self.cfg.weight_sync.backend != "auto":
-            backend = self.cfg.weight_sync.backend
+        self.backend = backend = choose_engine_backend(self.cfg, self.device)
         wanted = self.cfg.weight_sync.receive_while_generating
         self.receive_while_generating = (backend == "gloo" if wanted is None else wanted) and \
-            rc.tensor_parallel_size == 1 and self.cfg.trainer.lora is None
+            rc.tensor_parallel_size == 1 and self.cfg.trainer.lora is None and not self.colocate
         kwargs = dict(
             model=str(self.model_path),
             dtype=self.cfg.model.dtype,
@@ -117,6 +129,7 @@ class RolloutEngine:
         )
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = rc.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = self.colocate  # released between batches: weights to CPU memory, KV cache freed
         else:
             kwargs["kv_cache_memory_bytes"] = int(rc.kv_cache_gib * 2**30)
         os.environ["FLASHQ_SPECULATION"] = rc.speculation  # read by flashq's vLLM plugin in every engine process
@@ -255,8 +268,12 @@ class RolloutEngine:
                 self.update_open = False
             if self.transfer_ready:  # the trainer rebuilt the group (the rollout workers changed)
                 await llm.shutdown_weight_transfer_engine()
+            if self.backend == "ipc":  # one engine on the trainer's device: no group, so no rank in it
+                payload = {k: v for k, v in payload.items() if k != "rank_offset"}
             await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=payload))
             self.transfer_ready = True
+        elif method == "release_devices":
+            await self.release_devices()
         elif method == "push_weights":
             lora = self.cfg.trainer.lora
             deadline_s = self.cfg.weight_sync.timeout_s  # NCCL receives only: gloo's collectives time out themselves
@@ -271,13 +288,32 @@ class RolloutEngine:
             else:
                 call = ("flashq_push_weights", {"update_info": payload, "deadline_s": deadline_s})
             self.update_open = True
-            # one call into the engine core (flashq's vllm_plugin); the engine stays paused if it fails
+            asleep = self.colocate and self.device == "cuda"
+            if asleep:  # the new weights load into resident parameters
+                await llm.wake_up(["weights"])
+            # one call into the engine core (flashq's vllm_plugin); the engine stays paused if it fails. A
+            # sleeping engine resumes when its KV cache is back, not before
             self.paused_s += await llm.engine_core.call_utility_async("flashq_pause_push_resume", *call, str(version),
-                                                                      self.recompute_kv)
+                                                                      self.recompute_kv, not asleep)
+            if asleep:
+                await llm.wake_up(["kv_cache"])  # all resident again: vLLM resumes scheduling
             self.update_open = False
             self.version = version
+            if self.released_at is not None:
+                self.released_s += time.monotonic() - self.released_at
+                self.released_at = None
         else:
             raise ValueError(f"unknown weight sync method {method!r}")
+
+    async def release_devices(self) -> None:
+        """Colocated: give the devices to the trainer until the next push. Requests in flight are
+        kept (frozen) and go on after it. On a GPU, vLLM's sleep level 1 (weights to CPU memory,
+        KV cache freed); on a CPU, the scheduler paused (vLLM's level 0), so the trainer has
+        every core."""
+        if not self.colocate:
+            raise RuntimeError("release_devices without placement.colocate: the engine has devices of its own")
+        await self.llm.sleep(level=1 if self.device == "cuda" else 0, mode="keep")
+        self.released_at = time.monotonic()
 
     async def shutdown(self) -> None:
         if self.llm is not None:

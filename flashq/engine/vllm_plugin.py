@@ -85,7 +85,8 @@ def install_push_in_one_call() -> None:
     EngineCore.flashq_receive_while_generating = receive_in_engine_core
 
 
-def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version: str, clear_cache: bool) -> Future:
+def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version: str, clear_cache: bool,
+                                resume: bool = True) -> Future:
     """A whole weight update inside the engine core: pause with "keep" (running requests
     frozen, not aborted), run the worker's `worker_method` (FlashqWorkerExtension's: receive and
     load, or load what was received while generating), label the weights `version` and resume.
@@ -93,8 +94,9 @@ def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version:
     the engine core's while the engine stands paused; here the load starts the moment the pause
     completes. Nothing is generated between the pause and the resume, so every token vLLM labels
     `version` was sampled from the new weights. If the load fails (a push broken off by a
-    death), generation stays paused until the next push succeeds. The future's result: the
-    seconds generation stood paused."""
+    death), generation stays paused until the next push succeeds. `resume` False: leave the
+    scheduler paused (a sleeping engine resumes once it is fully awake). The future's result:
+    the seconds generation stood paused."""
     from vllm.v1.engine import EngineCoreRequestType
 
     done: Future = Future()
@@ -106,7 +108,8 @@ def push_weights_in_engine_core(core, worker_method: str, kwargs: dict, version:
                 paused.result()
             core.collective_rpc(worker_method, kwargs=kwargs)
             core.set_weight_version(version)
-            core.resume_scheduler()
+            if resume:
+                core.resume_scheduler()
         except Exception as e:  # noqa: BLE001 - handed to the caller through the future
             done.set_exception(e)
         else:

@@ -42,7 +42,9 @@ class CoordinatorSyncClient:
         """Nothing to send: the workers pause when `push_weights` reaches them."""
 
     def update_weights(self, update_info) -> None:
-        self.rpc("push_weights", update_info, self.version)
+        from flashq.engine import ipc_handles
+
+        self.rpc("push_weights", ipc_handles.encode(update_info), self.version)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         """Nothing to send: `push_weights` returned once the engines served the new version."""
@@ -92,10 +94,14 @@ class TrainerSource(ModuleSource):
         self._left = None
 
 
-def choose_backend(cfg: WeightSyncConfig, device: torch.device) -> str:
+def choose_backend(cfg: WeightSyncConfig, device: torch.device, colocate: bool = False) -> str:
+    """As the engines choose (`vllm_engine.choose_engine_backend`): gloo on a CPU; on CUDA, NCCL,
+    or CUDA IPC to an engine on the same device (placement.colocate)."""
     if cfg.backend != "auto":
         return cfg.backend
-    return "nccl" if device.type == "cuda" else "gloo"
+    if device.type != "cuda":
+        return "gloo"
+    return "ipc" if colocate else "nccl"
 
 
 class WeightPusher:
@@ -104,11 +110,12 @@ class WeightPusher:
     def __init__(
         self, cfg: WeightSyncConfig, model: torch.nn.Module, rpc: Rpc | None, inference_world_size: int, port: int,
         device: torch.device, rank: int = 0, wire_dtype: torch.dtype | None = None, adapter: bool = False,
+        colocate: bool = False,
     ):
         """`rank` > 0: a trainer rank that only joins the gathers of sharded parameters; rank 0
         sends and drives the inference side through `rpc`. `wire_dtype`: the engines' dtype,
         which floating-point weights are cast to before they are sent. `adapter`: push the LoRA
-        adapter alone."""
+        adapter alone. `colocate`: the engine shares this device (CUDA IPC on a GPU)."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from flashq.engine.gloo_transfer import GlooTrainerInitInfo, register
@@ -116,7 +123,7 @@ class WeightPusher:
         self.client = CoordinatorSyncClient(rpc)
         self.bytes: float | None = None
         self.source = source = TrainerSource(model, wire_dtype, adapter)
-        self.backend = choose_backend(cfg, device)
+        self.backend = choose_backend(cfg, device, colocate)
         self.deadline_s = cfg.timeout_s
         world_size = 1 + inference_world_size
         if self.backend == "gloo":
@@ -132,6 +139,11 @@ class WeightPusher:
                 master_address=cfg.host, master_port=port, world_size=world_size, rank=rank,
                 packed_buffer_size_bytes=cfg.bucket_mb << 20,
             )
+        elif self.backend == "ipc":
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+            # unpacked: the whole model's handles in one update, so one push (one pause, one label) carries it
+            info = IPCTrainerInitInfo(rank=rank, packed=False)
         else:
             raise ValueError(f"unknown weight_sync.backend {self.backend!r}")
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=source)

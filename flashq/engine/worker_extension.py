@@ -10,10 +10,12 @@ class FlashqWorkerExtension:
         trip from the engine core to its workers per push instead of three, all while paused. On
         NCCL the receive has a deadline (`push_deadline`): past it the communicator is aborted
         and this raises, so the engine keeps its old version label and stays paused."""
+        from flashq.engine import ipc_handles
         from flashq.engine.push_deadline import under_nccl_deadline
 
         self.start_weight_update()
-        under_nccl_deadline(self.weight_transfer_engine, deadline_s, "weight receive", self.update_weights, update_info)
+        under_nccl_deadline(self.weight_transfer_engine, deadline_s, "weight receive", self.update_weights,
+                            ipc_handles.decode(update_info))
         self.finish_weight_update()
 
     def flashq_stage_weights(self, update_info: dict, deadline_s: float | None = None) -> None:

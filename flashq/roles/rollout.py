@@ -191,6 +191,7 @@ class RolloutWorker:
                 "in_flight": float(self.clock.in_flight),
                 "weight_sync_s": self.sync_s,  # the pushes' calls, whole
                 "weight_pause_s": self.engine.paused_s,  # of which generation stood paused
+                "released_s": self.engine.released_s,  # colocated: the devices given to the trainer
                 "version": float(self.engine.version),
                 **{k: float(v) for k, v in self.episode_counts.items()},
                 **self.engine.speculation_counters(),

@@ -107,6 +107,11 @@ class TrainerRole:
             log.info("engines now serve the trainer's weights (version %d, %.2fs)", learner.version, sync_s)
         await self.link.send(BatchRequest(credits=2))  # one batch in hand, one being assembled
         sync_s = 0.0
+        offload = None
+        if self.cfg.trainer.offload_optimizer:
+            from flashq.trainer.offload import OptimizerOffload
+
+            offload = OptimizerOffload(learner.optimizer)
         for step in range(learner.version, self.cfg.trainer.steps):
             t_wait = time.monotonic()
             batch = await self._next_batch(learner)
@@ -114,11 +119,17 @@ class TrainerRole:
             if step + 1 < self.cfg.trainer.steps:
                 await self.link.send(BatchRequest(credits=1))
             self.push_wait_s = 0.0
+            turn_s = await self._take_turn(offload) if self.cfg.placement.colocate else 0.0
             try:
                 metrics = await loop.run_in_executor(self.pool, self._lead, learner, "train", batch)
             except Exception as e:  # this batch may crash every resume: leave word for the coordinator
                 record_failure(self.run_dir, learner.version, batch.batch_index, batch.request_ids, e)
                 raise
+            if self.cfg.placement.colocate:  # before the push: it wakes the engine, whose KV cache takes the memory
+                from flashq.trainer.offload import give_back_device_memory
+
+                metrics["trainer/offloaded_bytes"] = float(await loop.run_in_executor(self.pool, give_back_device_memory, offload))
+                metrics["trainer/turn_s"] = turn_s  # the engines releasing the devices, the optimizer state returning
             if self.pending_push is not None and self.pending_push.done():
                 sync_s = self.pending_push.result()  # the previous version's push, overlapped with this step
             self.pending_push = asyncio.ensure_future(self._push(learner, learner.version))
@@ -171,6 +182,19 @@ class TrainerRole:
             await self._settle_push()  # it retries on the new group itself
             sync_s = await self._push(learner, learner.version)
             log.info("version %d pushed to the new group while waiting for a batch (%.2fs)", learner.version, sync_s)
+
+    async def _take_turn(self, offload) -> float:
+        """Colocated: the engines give the devices up (the last push done, so nothing is being
+        received), and the optimizer's state comes back to the device; seconds taken. A release
+        that fails (a worker lost meanwhile) costs only the turn, so training goes on."""
+        t0 = time.monotonic()
+        await self._settle_push()
+        reply = await self._call("release_devices", None, -1)
+        if not reply.ok:
+            log.warning("the rollout workers did not all release the devices (%s); training beside them", reply.error)
+        if offload is not None:
+            await self.loop.run_in_executor(self.pool, offload.restore)
+        return time.monotonic() - t0
 
     async def _settle_push(self) -> float:
         """Wait for the last push, if any; its seconds."""
@@ -229,7 +253,8 @@ class TrainerRole:
         return await self.loop.run_in_executor(
             self._pushing_thread(learner),
             lambda: WeightPusher(ws, learner.model, self._rpc, inference_world_size, self.port, learner.device,
-                                 wire_dtype=engine_dtype(self.cfg), adapter=self.cfg.trainer.lora is not None),
+                                 wire_dtype=engine_dtype(self.cfg), adapter=self.cfg.trainer.lora is not None,
+                                 colocate=self.cfg.placement.colocate),
         )
 
     async def _rebuild(self, learner) -> None:

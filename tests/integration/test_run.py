@@ -99,6 +99,22 @@ def test_sync_run_is_on_policy_and_evaluates_and_samples_dynamically(tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 0 and "summary" in proc.stdout  # plotted while the roles ended
 
 
+def test_colocated_turns_release_the_engine_for_every_training_step(tmp_path):
+    """placement.colocate on a CPU: before each step the engine is released (its scheduler
+    paused) and the step's push brings it back, so it stood released at least as long as the
+    trainer computed; every sample is still trained once, on policy."""
+    proc = launch(tmp_path, ["async_ratio=0", "trainer.steps=4", "rollout.num_workers=1", "placement.colocate=true"])
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    _, trained = check_books(tmp_path, alpha=0, steps=4)
+    assert all(version == vmin == vmax for version, _, vmin, vmax in trained)
+    steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
+    assert all(r["trainer/turn_s"] > 0 for r in steps)
+    # step k's push ended the release that began before its compute, and its counters reached the
+    # coordinator before step k + 1's batch could: the last row covers every step but the last
+    computed = sum(r["train/seconds"] for r in steps[:-1])
+    assert steps[-1]["rollout/released_s/rollout-0"] >= computed > 0
+
+
 def _flashq_processes(run_dir):
     marker = str(run_dir)
     found = []

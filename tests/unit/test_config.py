@@ -22,7 +22,7 @@ def test_defaults_validate_and_overrides_apply():
         ("trainer.lrr=1", "trainer.lrr: unknown field"),
         ("trainer.batch_groups=many", "trainer.batch_groups: Input should be a valid integer"),
         ("sampling.max_tokens=4096", "sampling.max_tokens (4096) must be below rollout.max_model_len"),
-        ("weight_sync.backend=carrier-pigeon", "weight_sync.backend: Input should be 'auto', 'gloo' or 'nccl'"),
+        ("weight_sync.backend=carrier-pigeon", "weight_sync.backend: Input should be 'auto', 'gloo', 'nccl' or 'ipc'"),
         ("async_ratio", "is not of the form key=value"),
         ("sampling.top_p=0.9", "sampling.top_p is 0.9: vLLM would report logprobs of the top-p truncated distribution"),
         ("trainer.loss.policy=cispo trainer.loss.correction=tis_token", "policy cispo already weights each token by pi_theta/pi_behav"),

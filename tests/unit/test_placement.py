@@ -39,6 +39,24 @@ def test_a_launch_with_gpus_and_no_placement_gives_each_role_its_own(tmp_path):
     assert place_gpus(on_cpu, available=1) is on_cpu
 
 
+def test_colocated_roles_share_one_device_and_nothing_else_may(tmp_path):
+    """placement.colocate: the trainer and the one rollout worker take turns on one device; with
+    none named both get cuda:0, and naming two devices is refused."""
+    cfg = load_config(None, ["async_ratio=0", "placement.colocate=true", f"log.run_dir={tmp_path}"])
+    placed = place_gpus(cfg, available=1)
+    assert placed.placement.rollout_gpus == placed.placement.trainer_gpus == [0]
+    devices = {spec.name: spec.env.get("CUDA_VISIBLE_DEVICES") for spec in role_specs(placed, tmp_path / "config.yaml")}
+    assert devices["rollout-0"] == devices["trainer"] == "0"
+    assert load_config(None, ["async_ratio=0", "placement.colocate=true", "placement.rollout_gpus=[1]",
+                              "placement.trainer_gpus=[1]"]).placement.colocate
+    with pytest.raises(ConfigError, match=r"take turns on one device, but placement names cuda:0 and cuda:1"):
+        load_config(None, ["async_ratio=0", "placement.colocate=true", "placement.rollout_gpus=[0]", "placement.trainer_gpus=[1]"])
+    with pytest.raises(ConfigError, match=r"placement.colocate takes turns .*async_ratio 2.0 \(needs 0\), rollout.num_workers 2"):
+        load_config(None, ["async_ratio=2", "rollout.num_workers=2", "placement.colocate=true"])
+    with pytest.raises(ConfigError, match=r"trainer.offload_optimizer frees the device for an engine that shares it"):
+        load_config(None, ["trainer.offload_optimizer=true"])
+
+
 def test_devices_placement_names_must_exist_and_cover_every_role():
     named = load_config(None, ["placement.rollout_gpus=[0]", "placement.trainer_gpus=[5]"])
     with pytest.raises(ConfigError, match=r"placement names cuda:5; 2 device\(s\) are visible"):
