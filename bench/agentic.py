@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import keep_earlier, print_table, write_result  # noqa: E402
-from flashq.metrics import read_metrics  # noqa: E402
+from flashq.reporting.metrics import read_metrics  # noqa: E402
 
 CONFIG = ROOT / "configs" / "agentic_calculator.yaml"
 SLOW_TOOLS = ["env.kwargs={max_value: 9, max_turns: 3, latency_s: 0.3, latency_sigma: 1.2}", "env.step_timeout_s=120"]

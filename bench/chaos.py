@@ -381,7 +381,7 @@ def main() -> None:
     args = ap.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="flashq-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
-    from flashq import fuzz
+    from flashq.wire import fuzz
 
     plan = {
         "calm": lambda: run_once(root, "calm", args.steps, 0, args.seed),

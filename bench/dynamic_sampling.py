@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import plot_path, print_table, write_result  # noqa: E402
-from flashq.metrics import read_metrics  # noqa: E402
+from flashq.reporting.metrics import read_metrics  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"
 
@@ -83,7 +83,7 @@ def plot(rows: list[dict], budget: dict[int, float], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from flashq.report import smooth
+    from flashq.reporting.report import smooth
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for dynamic, color in ((False, "tab:gray"), (True, "tab:blue")):

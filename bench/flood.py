@@ -2,7 +2,7 @@
 
 Sixteen connections pass the handshake with one role's token (a role whose credential leaked)
 but never prove a name, under made-up names and random binary identities; they send
-`flashq.fuzz.hostile` frames: random and mutated messages, lists nested up to 100,000 deep,
+`flashq.wire.fuzz.hostile` frames: random and mutated messages, lists nested up to 100,000 deep,
 multi-part messages just over the coordinator's size limit, a flood of schema versions. A
 stranger with no credential sends beside them (its handshake fails: nothing of it gets in). The
 coordinator must refuse every frame with a counted reason and carry on with its run.
@@ -25,7 +25,7 @@ import zmq.asyncio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flashq import fuzz  # noqa: E402
+from flashq.wire import fuzz  # noqa: E402
 
 CONNECTIONS = 16
 STRANGER_FRAMES = 1000

@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import print_table, write_result  # noqa: E402
-from flashq import fuzz  # noqa: E402
-from flashq.codec import Encoder  # noqa: E402
-from flashq.protocol import Heartbeat  # noqa: E402
-from flashq.transport import Hub  # noqa: E402
+from flashq.wire import fuzz  # noqa: E402
+from flashq.wire.codec import Encoder  # noqa: E402
+from flashq.wire.protocol import Heartbeat  # noqa: E402
+from flashq.wire.transport import Hub  # noqa: E402
 
 SENTINEL = Heartbeat(-12345.0)
 

@@ -157,7 +157,7 @@ def chunk_overhead(chunks: list[int], extra: list[str], repeats: int = 3, length
     from flashq.scheduling.divided import DividedRollout
     from flashq.engine.vllm_engine import RolloutEngine
     from flashq.models.tiny import TinyModelSpec, ensure_tiny_model
-    from flashq.protocol import GenerateRequest
+    from flashq.wire.protocol import GenerateRequest
 
     model = ensure_tiny_model(TinyModelSpec(), ROOT / ".cache" / "flashq")
     seconds: dict[tuple[bool, int], list[float]] = {}

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import plot_path, print_table, write_result  # noqa: E402
-from flashq.metrics import read_metrics  # noqa: E402
-from flashq.report import smooth  # noqa: E402
+from flashq.reporting.metrics import read_metrics  # noqa: E402
+from flashq.reporting.report import smooth  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
-from flashq.metrics import read_metrics  # noqa: E402
+from flashq.reporting.metrics import read_metrics  # noqa: E402
 from flashq.sim.calibration import Calibration, measured_mean, measured_step_s, simulated_step_s  # noqa: E402
 from flashq.sim.simulator import Simulation  # noqa: E402
 

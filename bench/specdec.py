@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import keep_earlier, print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.envs.calculator import CalculatorMathEnv  # noqa: E402
-from flashq.protocol import GenerateRequest  # noqa: E402
+from flashq.wire.protocol import GenerateRequest  # noqa: E402
 
 CONFIG = ROOT / "configs" / "agentic_calculator.yaml"
 REAL_CONFIG = ROOT / "configs" / "smollm2_arithmetic.yaml"

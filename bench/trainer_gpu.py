@@ -72,7 +72,7 @@ def make_batch(a, vocab: int):
     """One rank's batch: `groups` prompts, `group_size` responses each (seeded)."""
     import numpy as np
 
-    from flashq.protocol import TrainBatch
+    from flashq.wire.protocol import TrainBatch
 
     rng = np.random.default_rng(0)
     n = a.groups * a.group_size

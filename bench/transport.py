@@ -28,8 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import print_table, write_result  # noqa: E402
-from flashq.codec import Decoder, Encoder  # noqa: E402
-from flashq.protocol import RewardResult, Sample  # noqa: E402
+from flashq.wire.codec import Decoder, Encoder  # noqa: E402
+from flashq.wire.protocol import RewardResult, Sample  # noqa: E402
 
 
 def make_sample(tokens: int) -> Sample:
@@ -52,7 +52,7 @@ def make_sample(tokens: int) -> Sample:
 def flashq_receiver(address_q, result_q, n: int) -> None:
     import uvloop
 
-    from flashq.transport import Hub
+    from flashq.wire.transport import Hub
 
     async def main():
         hub = Hub("tcp://127.0.0.1:*", hwm=1000)
@@ -93,7 +93,7 @@ def raw_receiver(address_q, result_q, n: int) -> None:
 def flashq_send(address: str, sample: Sample, n: int) -> None:
     import uvloop
 
-    from flashq.transport import Link
+    from flashq.wire.transport import Link
 
     async def main():
         link = Link(address, "rollout-0", hwm=1000)

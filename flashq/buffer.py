@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flashq.protocol import RewardResult, Sample, TrainBatch
+from flashq.wire.protocol import RewardResult, Sample, TrainBatch
 from flashq.staleness import Admission
 
 

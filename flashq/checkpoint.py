@@ -35,7 +35,7 @@ import numpy as np
 from flashq.jsonl import fsync_path
 
 log = logging.getLogger(__name__)
-from flashq.protocol import RewardResult, Sample
+from flashq.wire.protocol import RewardResult, Sample
 
 STATE_SCHEMA = 1
 

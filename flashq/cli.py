@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "reference":
             return _reference(args)
         if args.command == "keys":
-            from flashq.transport import make_keys
+            from flashq.wire.transport import make_keys
 
             if args.directory.exists() and any(args.directory.iterdir()):
                 raise ConfigError(f"{args.directory} is not empty; keys are made into a new directory")
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(str(e)) from None
             return 0
         if args.command == "report":
-            from flashq.report import write_report
+            from flashq.reporting.report import write_report
 
             png, text = write_report(args.run_dir)
             print(f"{text}\nplot: {png}")

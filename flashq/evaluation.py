@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from flashq.config import EvalConfig, SamplingConfig
-from flashq.protocol import EpisodeRequest, GenerateRequest, RewardResult, Sample, ScoreRequest
+from flashq.wire.protocol import EpisodeRequest, GenerateRequest, RewardResult, Sample, ScoreRequest
 
 PREFIX = "eval"
 

@@ -383,7 +383,7 @@ class Launcher:
     def _start_report(self) -> None:
         """Write report.png and summary.json on a thread, from the coordinator's final metrics,
         while the other roles end (plotting took about a second after they had all ended)."""
-        from flashq.report import write_report
+        from flashq.reporting.report import write_report
 
         self.report_job = asyncio.get_running_loop().run_in_executor(None, write_report, self.run_dir)
 
@@ -457,7 +457,7 @@ class Launcher:
             return None
         from rich.live import Live
 
-        from flashq.progress import ProgressView
+        from flashq.reporting.progress import ProgressView
 
         view = ProgressView(self.run_dir / "metrics.jsonl", self.cfg.trainer.steps, self.cfg.name)
         return Live(view, console=self.console, refresh_per_second=2, transient=False)

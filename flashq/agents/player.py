@@ -26,7 +26,7 @@ from flashq.config import FlashqConfig
 from flashq.envs.base import load_env_class
 from flashq.episode import ChatRenderer
 from flashq.jsonl import cut_torn_tail
-from flashq.protocol import EpisodeRequest, Sample
+from flashq.wire.protocol import EpisodeRequest, Sample
 
 
 class AgentPlayer:

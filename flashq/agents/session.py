@@ -22,7 +22,7 @@ import numpy as np
 
 from flashq.agents.endpoint import ApiError
 from flashq.agents.trajectory import HistoryRewritten, Trajectory
-from flashq.protocol import GenerateRequest, Sample
+from flashq.wire.protocol import GenerateRequest, Sample
 
 IGNORED = {"user", "metadata", "store", "stream", "stream_options", "parallel_tool_calls", "service_tier"}
 HONOURED = {"messages", "model", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed",

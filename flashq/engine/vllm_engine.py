@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from flashq.config import FlashqConfig
-from flashq.protocol import GenerateRequest, Sample
+from flashq.wire.protocol import GenerateRequest, Sample
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from flashq.evaluation import Evaluator, episode_seed, is_eval
 from flashq.ledger import Ledger
 from flashq.orchestrator.episodes import EpisodeEvents
 from flashq.orchestrator.snapshot import Snapshots
-from flashq.protocol import EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
+from flashq.wire.protocol import EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
 from flashq.scheduling.dispatch import LeastLoadedQueue
 from flashq.scheduling.divided import DividedRollout

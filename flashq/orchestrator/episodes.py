@@ -13,7 +13,7 @@ import logging
 import numpy as np
 
 from flashq.buffer import Group
-from flashq.protocol import Cancel, EpisodeRequest, RewardResult, Sample
+from flashq.wire.protocol import Cancel, EpisodeRequest, RewardResult, Sample
 
 log = logging.getLogger("flashq.orchestrator")
 

@@ -10,7 +10,7 @@ from collections import Counter
 
 from flashq.buffer import Group
 from flashq.checkpoint import STATE_SCHEMA, GroupState, OrchestratorState
-from flashq.protocol import ScoreRequest
+from flashq.wire.protocol import ScoreRequest
 from flashq.staleness import Admission
 
 

@@ -16,8 +16,8 @@ from typing import Awaitable, Callable, NoReturn
 from flashq.checkpoint import EXIT_DISK_FULL, is_disk_full
 from flashq.config import FlashqConfig
 from flashq.credentials import TOKEN_ENV, own_token
-from flashq.protocol import Fatal, Heartbeat, Hello, Start
-from flashq.transport import Link, PeerLost
+from flashq.wire.protocol import Fatal, Heartbeat, Hello, Start
+from flashq.wire.transport import Link, PeerLost
 
 log = logging.getLogger("flashq")
 

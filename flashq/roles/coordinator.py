@@ -30,10 +30,10 @@ from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.data.chat_encoder import ChatEncoder
 from flashq.failed_batches import suspects
 from flashq.jsonl import keep_records
-from flashq.metrics import MetricsLog
-from flashq.trackers import make_trackers
+from flashq.reporting.metrics import MetricsLog
+from flashq.reporting.trackers import make_trackers
 from flashq.orchestrator.core import Orchestrator
-from flashq.protocol import (
+from flashq.wire.protocol import (
     BatchRequest,
     Fatal,
     Heartbeat,
@@ -51,7 +51,7 @@ from flashq.protocol import (
 )
 from flashq.roles.common import resolve_model
 from flashq.roles.coordinator_metrics import StepMetrics, progress_window
-from flashq.transport import Hub, PeerLost
+from flashq.wire.transport import Hub, PeerLost
 
 log = logging.getLogger("flashq.coordinator")
 REASON_DETAIL = re.compile(r"[\w./-]*\d[\w./-]*")  # an id or a number in a reason

@@ -1,7 +1,7 @@
 """The coordinator's per-step record: what it adds to the trainer's step metrics (queue depths,
 tokens/s, each worker's idle share, the reward of everything scored, episode and speculation
 counters) and the progress line it logs (tokens/s and idle shares in it averaged over recent
-steps: `flashq.step_window`).
+steps: `flashq.reporting.step_window`).
 
 A part of `Coordinator` (flashq.roles.coordinator); the counters it compares against are the
 coordinator's, set at startup and on resume.
@@ -13,8 +13,8 @@ import logging
 import time
 
 from flashq.config import FlashqConfig
-from flashq.protocol import StepStats
-from flashq.step_window import WINDOW_STEPS, StepWindow
+from flashq.wire.protocol import StepStats
+from flashq.reporting.step_window import WINDOW_STEPS, StepWindow
 
 log = logging.getLogger("flashq.coordinator")
 

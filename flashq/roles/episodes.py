@@ -13,7 +13,7 @@ from flashq.config import FlashqConfig
 from flashq.engine.vllm_engine import RolloutEngine
 from flashq.envs.base import AsyncEnv, load_env_class
 from flashq.episode import ChatRenderer, EpisodeLimits, Turn, run_episode
-from flashq.protocol import EpisodeRequest, GenerateRequest, Sample
+from flashq.wire.protocol import EpisodeRequest, GenerateRequest, Sample
 
 
 class EpisodePlayer:

@@ -15,10 +15,10 @@ import logging
 import time
 
 from flashq.config import FlashqConfig
-from flashq.metrics import BusyClock
+from flashq.reporting.metrics import BusyClock
 from flashq.engine.vllm_engine import RolloutEngine, prepare_engine_process
 from flashq.placement import lower_priority, pin_process
-from flashq.protocol import (
+from flashq.wire.protocol import (
     Cancel,
     EpisodeRequest,
     GenerateRequest,
@@ -30,7 +30,7 @@ from flashq.protocol import (
     WorkerStats,
 )
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
-from flashq.transport import Link, PeerLost
+from flashq.wire.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.rollout")
 

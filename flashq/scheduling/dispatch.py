@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable, Generic, TypeVar
 
-from flashq.metrics import BusyClock
+from flashq.reporting.metrics import BusyClock
 from flashq.scheduling.order import FifoOrder, WaitingOrder
 
 T = TypeVar("T")

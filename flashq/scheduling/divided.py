@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from msgspec.structs import replace
 
-from flashq.protocol import GenerateRequest, Sample
+from flashq.wire.protocol import GenerateRequest, Sample
 
 
 @dataclass

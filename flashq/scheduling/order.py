@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import Callable, Protocol
 
-from flashq.protocol import GenerateRequest
+from flashq.wire.protocol import GenerateRequest
 from flashq.scheduling.lengths import LengthEstimates
 
 

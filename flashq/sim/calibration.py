@@ -104,7 +104,7 @@ class Calibration:
 
     @classmethod
     def fit(cls, run_dirs: list[Path], starts: int = 4, evaluations: int = 160) -> Calibration:
-        from flashq.metrics import read_metrics
+        from flashq.reporting.metrics import read_metrics
 
         train_x, train_y, syncs = [], [], []
         for run in run_dirs:
@@ -123,7 +123,7 @@ class Calibration:
 def measured_step_s(run: Path) -> float:
     """Seconds per trainer step of a real run in steady state: from its first step to its last
     (the first step also holds the engines' warm-up, which the simulator does not model)."""
-    from flashq.metrics import read_metrics
+    from flashq.reporting.metrics import read_metrics
 
     steps = read_metrics(Path(run) / "metrics.jsonl")
     if len(steps) < 2:
@@ -135,7 +135,7 @@ def measured_engine_rates(run: Path) -> dict[str, float]:
     """Output tokens per busy second of each rollout worker, from the run's request trace, between
     its first and last trainer step (a response's tokens counted evenly over its lifetime); {}
     without a trace."""
-    from flashq.metrics import read_metrics
+    from flashq.reporting.metrics import read_metrics
 
     trace = Path(run) / "requests.jsonl"
     if not trace.exists():

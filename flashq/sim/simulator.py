@@ -43,7 +43,7 @@ import numpy as np
 
 from flashq.config import ConfigError, FlashqConfig
 from flashq.orchestrator.core import Orchestrator
-from flashq.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
+from flashq.wire.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 from flashq.sim.calibration import Calibration
 
 

@@ -9,7 +9,7 @@ import torch
 
 from flashq.algos import advantages as adv_fns
 from flashq.algos.overlong import soft_overlong_penalty
-from flashq.protocol import TrainBatch
+from flashq.wire.protocol import TrainBatch
 
 
 def sequence_advantages(batch: TrainBatch, lc, max_sample_tokens: int) -> tuple[torch.Tensor, np.ndarray]:

@@ -21,7 +21,7 @@ import torch
 from flashq.algos.losses import Normalizer, policy_loss
 from flashq.algos.overlong import filtered_loss_mask
 from flashq.config import FlashqConfig
-from flashq.protocol import TrainBatch
+from flashq.wire.protocol import TrainBatch
 from flashq.trainer import parallel
 from flashq.trainer.batch_stats import per_sample, sequence_advantages, staleness_stats, trained_lengths, zero_variance_groups
 from flashq.trainer.logprobs import install_logprob_head, token_logprobs

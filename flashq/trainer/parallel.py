@@ -132,7 +132,7 @@ def broadcast_command(ranks: Ranks, kind: str | None = None, payload=None) -> tu
     then runs the same collectives in the same order, whatever rank 0 was waiting for."""
     if not ranks.sharded:
         return kind, payload
-    from flashq.codec import Decoder, Encoder
+    from flashq.wire.codec import Decoder, Encoder
 
     if ranks.is_leader and kind == "train":  # the codec's frames, copied to bytes for pickling
         payload = [bytes(f) for f in Encoder().encode(payload)]

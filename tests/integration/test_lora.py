@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashq.config import load_config
-from flashq.protocol import GenerateRequest
+from flashq.wire.protocol import GenerateRequest
 from flashq.roles.common import free_port
 from tests.integration.helpers import read_jsonl, trained_requests
 from tests.integration.test_faults import Run, audit, stop_runs_left_running  # noqa: F401 - the fixture

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import zmq
 
-from flashq.fuzz import raw_peer
+from flashq.wire.fuzz import raw_peer
 from tests.integration.helpers import ROOT, launch, launch_cmd, read_jsonl, trained_requests
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from vllm.v1.engine.core import EngineCoreProc
 from flashq.config import load_config
 from flashq.engine.vllm_engine import RolloutEngine
 from flashq.engine.vllm_plugin import run_engine_core_then_exit
-from flashq.protocol import GenerateRequest
+from flashq.wire.protocol import GenerateRequest
 from flashq.roles.common import resolve_model
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashq.config import load_config
-from flashq.protocol import GenerateRequest
+from flashq.wire.protocol import GenerateRequest
 from flashq.roles.common import free_port
 from flashq.trainer.logprobs import naive_token_logprobs
 

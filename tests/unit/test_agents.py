@@ -10,7 +10,7 @@ import pytest
 
 from flashq.agents.player import AgentPlayer
 from flashq.config import load_config
-from flashq.protocol import EpisodeRequest, Sample
+from flashq.wire.protocol import EpisodeRequest, Sample
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "3*4+5"}}</tool_call>'
 SEED = 7  # CalculatorMathEnv(max_value=9).reset(seed 7) asks a*b+c

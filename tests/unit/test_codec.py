@@ -4,8 +4,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from flashq import protocol as P
-from flashq.codec import Decoder, Encoder, RejectedFrame
+from flashq.wire import protocol as P
+from flashq.wire.codec import Decoder, Encoder, RejectedFrame
 
 
 def sample(n=2000, **kw):

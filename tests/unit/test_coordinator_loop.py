@@ -9,14 +9,14 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from flashq.codec import Encoder
+from flashq.wire.codec import Encoder
 from flashq.config import load_config
 from flashq.credentials import RunCredentials
-from flashq.fuzz import raw_peer
-from flashq.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest, WeightSyncCall
+from flashq.wire.fuzz import raw_peer
+from flashq.wire.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest, WeightSyncCall
 from flashq.roles.common import hello
 from flashq.roles.coordinator import Coordinator
-from flashq.transport import Link
+from flashq.wire.transport import Link
 
 
 async def start_coordinator(tiny_model, tmp_path, *overrides: str) -> tuple[Coordinator, asyncio.Task]:
@@ -206,7 +206,7 @@ def test_a_role_with_a_wrong_token_is_told_so_at_its_handshake(tiny_model, tmp_p
     learns at once why it cannot join."""
     import pytest
 
-    from flashq.transport import PeerLost
+    from flashq.wire.transport import PeerLost
 
     async def main():
         coord, run = await start_coordinator(tiny_model, tmp_path)

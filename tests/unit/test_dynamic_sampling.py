@@ -4,7 +4,7 @@ reward and trainer roles (no engines, no sockets), as in test_orchestrator."""
 import numpy as np
 import pytest
 
-from flashq.protocol import GenerateRequest, RewardResult, ScoreRequest
+from flashq.wire.protocol import GenerateRequest, RewardResult, ScoreRequest
 from tests.unit.test_orchestrator import drain, finish, make, play
 
 

@@ -12,7 +12,7 @@ from flashq.data import evaluation_tasks, training_tasks
 from flashq.data.holdout import is_held_out
 from flashq.evaluation import is_eval, pass_at_k
 from flashq.orchestrator.core import Orchestrator
-from flashq.protocol import GenerateRequest, RewardResult, ScoreRequest, TrainBatch
+from flashq.wire.protocol import GenerateRequest, RewardResult, ScoreRequest, TrainBatch
 from tests.unit.test_orchestrator import Tasks, drain, finish, play
 
 
@@ -154,7 +154,7 @@ def test_environment_runs_evaluate_held_out_episodes_scored_by_the_environment()
     """Episodes are played by hand here (scheduling logic only); a real environment is evaluated
     in tests/integration/test_agentic.py."""
     from flashq.evaluation import episode_seed
-    from flashq.protocol import EpisodeRequest
+    from flashq.wire.protocol import EpisodeRequest
     from tests.unit.test_redundancy import episode_sample
 
     cfg = load_config(None, ["env={name: flashq.envs.guess:GuessNumberEnv}", "sampling.group_size=2", "trainer.batch_groups=1",

@@ -9,7 +9,7 @@ import numpy as np
 
 from flashq.checkpoint import decode_state, encode_state
 from flashq.failed_batches import FILE, record_failure, suspects
-from flashq.protocol import GenerateRequest, RewardResult, ScoreRequest
+from flashq.wire.protocol import GenerateRequest, RewardResult, ScoreRequest
 from tests.unit.test_orchestrator import drain, finish, make
 
 

@@ -1,8 +1,8 @@
 """Hostile input: random and mutated frames never crash the decoder; each is rejected with a
 reason or, when a mutation happens to leave a valid message, passes full validation."""
 
-from flashq import fuzz
-from flashq.codec import Decoder, RejectedFrame
+from flashq.wire import fuzz
+from flashq.wire.codec import Decoder, RejectedFrame
 
 
 def test_twenty_thousand_hostile_frames_are_rejected_with_reasons_or_valid():
@@ -25,7 +25,7 @@ def test_exhausting_frames_are_rejected_each_for_what_it_is():
     """Deep nesting, huge multi-part messages (over and under the size limit) and other schema
     versions each get a rejection naming the problem, and a flood of them adds no reason keys
     per value (the hub's books count reasons with numbers blanked)."""
-    from flashq.transport import _Codec
+    from flashq.wire.transport import _Codec
 
     dec = Decoder(max_message_bytes=1 << 20)
     reasons = {}

@@ -11,11 +11,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from flashq.codec import Decoder, Encoder, RejectedFrame
-from flashq.fuzz import raw_peer
-from flashq.protocol import MAX_NESTING, SCHEMA_VERSION, Envelope, EpisodeRequest, Heartbeat, WeightSyncCall
+from flashq.wire.codec import Decoder, Encoder, RejectedFrame
+from flashq.wire.fuzz import raw_peer
+from flashq.wire.protocol import MAX_NESTING, SCHEMA_VERSION, Envelope, EpisodeRequest, Heartbeat, WeightSyncCall
 from flashq.roles.coordinator import rejection_kind
-from flashq.transport import MAX_REJECT_KEYS, Hub
+from flashq.wire.transport import MAX_REJECT_KEYS, Hub
 
 
 def nested_payload(depth: int) -> bytes:
@@ -103,7 +103,7 @@ def test_rejection_kinds_do_not_grow_with_the_names_peers_choose():
 
 
 def test_the_hub_remembers_a_bounded_number_of_peers(monkeypatch):
-    import flashq.transport as transport
+    import flashq.wire.transport as transport
 
     monkeypatch.setattr(transport, "MAX_PEERS_SEEN", 8)
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from flashq.jsonl import CorruptRecord, cut_torn_tail, keep_records, read_records
-from flashq.metrics import MetricsLog, read_metrics
+from flashq.reporting.metrics import MetricsLog, read_metrics
 from flashq.roles.coordinator import truncate_metrics
 from flashq.roles.trainer import open_trained_record
 

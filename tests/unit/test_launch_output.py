@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from flashq.launch import LINE_LIMIT, LocalProcess
-from flashq.protocol import RewardResult
+from flashq.wire.protocol import RewardResult
 from flashq.roles.coordinator import rejection_kind
 
 

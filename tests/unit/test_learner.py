@@ -9,7 +9,7 @@ import torch
 from flashq.buffer import Group, pack_batch
 from flashq.config import load_config
 from flashq.staleness import Admission
-from flashq.protocol import RewardResult, Sample
+from flashq.wire.protocol import RewardResult, Sample
 from flashq.trainer.learner import Learner
 from flashq.trainer.logprobs import token_logprobs
 

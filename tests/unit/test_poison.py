@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flashq.evaluation import is_eval
-from flashq.protocol import GenerateRequest, Sample
+from flashq.wire.protocol import GenerateRequest, Sample
 from tests.unit.test_evaluation import make as make_evaluating
 from tests.unit.test_orchestrator import drain, make, play
 

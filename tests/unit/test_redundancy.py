@@ -6,7 +6,7 @@ import pytest
 
 from flashq.config import load_config
 from flashq.orchestrator.core import Orchestrator
-from flashq.protocol import Cancel, EpisodeRequest, Sample
+from flashq.wire.protocol import Cancel, EpisodeRequest, Sample
 from flashq.redundancy import RedundantGroups
 
 

@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from flashq.protocol import Sample, ScoreRequest
+from flashq.wire.protocol import Sample, ScoreRequest
 from flashq.rewards import load_reward_fn
 from flashq.rewards.builtin import exact_match
 from flashq.rewards.runner import RewardRunner

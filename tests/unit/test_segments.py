@@ -8,9 +8,9 @@ import pytest
 
 from flashq.agents.audit import audit_tokens
 from flashq.buffer import Group, pack_batch
-from flashq.codec import Decoder, Encoder, RejectedFrame
+from flashq.wire.codec import Decoder, Encoder, RejectedFrame
 from flashq.config import load_config
-from flashq.protocol import RewardResult, Sample
+from flashq.wire.protocol import RewardResult, Sample
 from flashq.roles.trainer import trained_record
 from flashq.staleness import Admission
 from flashq.trainer.batch_stats import sequence_advantages

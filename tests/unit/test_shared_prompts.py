@@ -6,7 +6,7 @@ import torch
 
 from flashq.buffer import Group, pack_batch
 from flashq.config import ConfigError, load_config
-from flashq.protocol import RewardResult, Sample
+from flashq.wire.protocol import RewardResult, Sample
 from flashq.staleness import Admission
 from flashq.trainer.learner import Learner, load_causal_lm
 from flashq.trainer.logprobs import install_logprob_head, token_logprobs

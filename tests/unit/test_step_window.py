@@ -5,9 +5,9 @@ import json
 
 from rich.console import Console
 
-from flashq.progress import ProgressView
+from flashq.reporting.progress import ProgressView
 from flashq.roles.coordinator_metrics import progress_line
-from flashq.step_window import StepWindow, window_mean
+from flashq.reporting.step_window import StepWindow, window_mean
 
 FLAPPING = [{"time/step_s": 0.5, "rollout/tokens_per_s": 7000.0 * (i % 2), "rollout/idle_share": float(i % 2 == 0)}
             for i in range(20)]

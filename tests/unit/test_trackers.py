@@ -15,8 +15,8 @@ from tests.integration.helpers import ROOT
 WRITE = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from flashq.metrics import MetricsLog
-    from flashq.trackers import make_trackers
+    from flashq.reporting.metrics import MetricsLog
+    from flashq.reporting.trackers import make_trackers
 
     run_dir = Path(sys.argv[1])
     trackers = make_trackers(["wandb", "trackio"], "flashq-test", run_dir, {"trainer": {"lr": 1e-4}})
@@ -82,7 +82,7 @@ def test_wandb_offline_and_trackio_get_every_record_under_the_same_names(tmp_pat
 
 
 def test_a_tracker_that_is_not_installed_says_how_to_install_it(monkeypatch):
-    from flashq.trackers import make_trackers
+    from flashq.reporting.trackers import make_trackers
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # what an environment without it gives import
     with pytest.raises(RuntimeError, match=r"pip install 'flashq\[wandb\]'"):

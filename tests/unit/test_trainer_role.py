@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flashq.config import load_config
-from flashq.protocol import Regroup
+from flashq.wire.protocol import Regroup
 from flashq.roles.trainer import TrainerRole
 from flashq.trainer.update_fence import UpdateFence
 from flashq.trainer.parallel import Ranks

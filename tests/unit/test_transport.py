@@ -7,10 +7,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from flashq.codec import Encoder
-from flashq.fuzz import raw_peer
-from flashq.protocol import Heartbeat, Sample
-from flashq.transport import Hub, Link, PeerLost
+from flashq.wire.codec import Encoder
+from flashq.wire.fuzz import raw_peer
+from flashq.wire.protocol import Heartbeat, Sample
+from flashq.wire.transport import Hub, Link, PeerLost
 
 
 def run(coro):
@@ -125,8 +125,8 @@ def test_curve_keys_encrypt_and_refuse_peers_without_the_client_key(tmp_path):
     import zmq.auth
 
     from flashq.cli import main
-    from flashq.protocol import Heartbeat
-    from flashq.transport import Hub, Link
+    from flashq.wire.protocol import Heartbeat
+    from flashq.wire.transport import Hub, Link
 
     assert main(["keys", str(tmp_path / "keys")]) == 0
     assert main(["keys", str(tmp_path / "keys")]) == 2  # never overwritten
@@ -206,7 +206,7 @@ def test_recv_ready_returns_what_is_already_here_and_never_waits():
 
 
 def test_a_bad_message_inside_a_bundle_costs_only_itself():
-    from flashq.codec import BUNDLE_MARK, pack
+    from flashq.wire.codec import BUNDLE_MARK, pack
 
     async def main():
         hub = Hub("tcp://127.0.0.1:*")

@@ -4,7 +4,7 @@ work again. Every sample is still trained exactly once."""
 
 import pytest
 
-from flashq.protocol import GenerateRequest, RewardResult, ScoreRequest, TrainBatch
+from flashq.wire.protocol import GenerateRequest, RewardResult, ScoreRequest, TrainBatch
 from tests.unit.test_orchestrator import drain, finish, make
 
 

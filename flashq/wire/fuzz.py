@@ -18,8 +18,8 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from flashq import protocol as P
-from flashq.codec import Encoder
+from flashq.wire import protocol as P
+from flashq.wire.codec import Encoder
 
 
 def raw_peer(address: str, identity: str | bytes | None = None, *, user: str | None = None, token: str | None = None,

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from flashq.protocol import SCHEMA_VERSION, Envelope, Message
+from flashq.wire.protocol import SCHEMA_VERSION, Envelope, Message
 
 INLINE_LIMIT = 1024
 # frame 0 of a bundle; 0xc1 is the one byte msgpack never uses, so no envelope starts with it

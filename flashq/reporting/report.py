@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flashq.metrics import read_metrics
+from flashq.reporting.metrics import read_metrics
 
 
 def smooth(values: list[float], window: int) -> np.ndarray:

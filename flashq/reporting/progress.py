@@ -1,5 +1,5 @@
 """The launcher's live terminal view, drawn from the run's `metrics.jsonl` as it grows; tokens/s
-and idle shares averaged over the last steps (`flashq.step_window`), as the coordinator's log line."""
+and idle shares averaged over the last steps (`flashq.reporting.step_window`), as the coordinator's log line."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from flashq.step_window import StepWindow
+from flashq.reporting.step_window import StepWindow
 
 
 class ProgressView:

@@ -41,8 +41,8 @@ import zmq.asyncio
 import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from flashq.codec import BUNDLE_BYTES, MAX_BUNDLE, Decoder, Encoder, RejectedFrame, frames_nbytes, pack, unpack
-from flashq.protocol import Hello, Message
+from flashq.wire.codec import BUNDLE_BYTES, MAX_BUNDLE, Decoder, Encoder, RejectedFrame, frames_nbytes, pack, unpack
+from flashq.wire.protocol import Hello, Message
 
 log = logging.getLogger(__name__)
 
