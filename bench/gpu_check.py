@@ -151,6 +151,7 @@ def section_step(a, section: str, *extra: str) -> dict:
     row["trained_params"] = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
     time_steps(s, learner, batch, prompt_tokens, response_tokens, row)
     if row["fits"] and section == "step-1.5b":
+        row.update(offload_round_trip(learner))
         print(RESULT_TAG + json.dumps(row), flush=True)  # kept if the profiled step outlasts the limit
         row.update(profile_step(a, learner, batch))
     return row
@@ -264,6 +265,28 @@ def section_fsdp(a) -> dict:
     return row
 
 
+def offload_round_trip(learner) -> dict:
+    """placement.colocate's optimizer offload at this size (trainer.offload_optimizer): the bytes
+    moved off the device, the memory torch's allocator gave back, and the seconds each way."""
+    import torch
+
+    from flashq.trainer.offload import OptimizerOffload, give_back_device_memory
+
+    if learner.device.type != "cuda":
+        return {}
+    offload = OptimizerOffload(learner.optimizer)
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    t0 = time.perf_counter()
+    moved = give_back_device_memory(offload)
+    t1 = time.perf_counter()
+    freed = reserved - torch.cuda.memory_reserved()
+    offload.restore()
+    torch.cuda.synchronize()
+    return {"offload_gib": moved / GIB, "offload_s": t1 - t0, "restore_s": time.perf_counter() - t1,
+            "offload_reserved_freed_gib": freed / GIB}
+
+
 def child(a) -> dict:
     if a.section == "ceiling":
         return section_ceiling(a)
@@ -325,6 +348,10 @@ def figures_of(rows: dict[str, dict]) -> dict:
         "trainer_mfu_1_5b_bound": MFU_BOUND,
         "trainer_mfu_1_5b_met": (mfu >= MFU_BOUND) if mfu is not None else None,
         "gpu_busy_frac_1_5b": step.get("gpu_busy_frac"),
+        "offload_1_5b_gib": step.get("offload_gib"),  # placement.colocate: AdamW's state off the device between steps
+        "offload_1_5b_s": step.get("offload_s"),
+        "restore_1_5b_s": step.get("restore_s"),
+        "offload_1_5b_reserved_freed_gib": step.get("offload_reserved_freed_gib"),
         "host_syncs_1_5b": step.get("host_syncs"),
         "race_unfenced_trials_stale": race.get("unfenced_trials_stale"),
         "race_fenced_trials_stale": race.get("fenced_trials_stale"),
