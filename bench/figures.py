@@ -54,8 +54,9 @@ def model(preset: str) -> str:
 # figure -> (the key of its bound in `figures`, the side that meets it; a dict of bounds says '>= 0.25' itself).
 # The sides are the benchmarks' own: bench/vs_trl.py, lora.py, openai_agent.py, scale_loop.py, trainer_scale.py.
 BOUNDS = {
-    **{f"job_{j}_speed_vs_trl": (f"job_{j}_speed_bound", ">=") for j in "ab"},
-    **{f"job_{j}_final_reward_gap_vs_trl": (f"job_{j}_final_reward_gap_bound", "<=") for j in "ab"},
+    **{f"job_{j}_speed_vs_trl": (f"job_{j}_speed_bound", ">=") for j in "abr"},
+    **{f"job_{j}_final_reward_gap_vs_trl": (f"job_{j}_final_reward_gap_bound", "<=") for j in "abr"},
+    "real_model_grouped_tokens_per_s_vs_nospec": ("bounds", ""),  # bench/specdec.py
     **{k: (f"{k}_bound", "<=") for k in ("adapter_push_bytes_vs_full", "trainer_peak_memory_vs_full", "lora_wall_minutes")},
     "trainer_tokens_per_s_vs_bare_hf": ("trainer_tokens_per_s_vs_bare_hf_bound", ">="),  # bench/trainer_vs_bare.py
     "trainer_mfu_1_5b": ("trainer_mfu_1_5b_bound", ">="),  # bench/gpu_check.py
@@ -136,9 +137,14 @@ def vs_trl(d: dict) -> str:
     gap = max(abs(f["job_a_final_reward_gap_vs_trl"]), abs(f["job_b_final_reward_gap_vs_trl"]))
     hosts = sorted({cpu(f["job_a_cpu_model"]), cpu(f["job_b_cpu_model"])})
     a, b = (earlier(d, NO_WEIGHT_DECAY[j], f"job_{j}_speed_vs_trl") for j in "ab")
-    return (f"quickstart job {job('a', steps)}, long-tail job {job('b')}, rewards within {ceil(gap * 100) / 100:.2f} "
-            f"({' and '.join(hosts)}); {x(a['job_a_speed_vs_trl'])} ({cpu(a.get('job_a_cpu_model'))}) and "
-            f"{x(b['job_b_speed_vs_trl'])} ({cpu(b.get('job_b_cpu_model'))}) without weight decay")
+    toys = (f"quickstart job {job('a', steps if 'job_r_speed_vs_trl' not in f else '')}, long-tail job {job('b')}, rewards "
+            f"within {ceil(gap * 100) / 100:.2f} ({' and '.join(hosts)}); {x(a['job_a_speed_vs_trl'])} "
+            f"({cpu(a.get('job_a_cpu_model'))}) and {x(b['job_b_speed_vs_trl'])} ({cpu(b.get('job_b_cpu_model'))}) without weight decay")
+    if "job_r_speed_vs_trl" not in f:
+        return toys
+    bound, met = verdict(d, "job_r_final_reward_gap_vs_trl")
+    return (f"real model (SmolLM2-135M-Instruct, sums with their working) {job('r', steps)}, final reward gap "
+            f"{f['job_r_final_reward_gap_vs_trl']:+.3f} ({met} ≤ {bound}) ({cpu(f.get('job_r_cpu_model'))}); " + toys)
 
 
 def longtail(d: dict) -> str:
@@ -150,9 +156,14 @@ def longtail(d: dict) -> str:
 def specdec(d: dict) -> str:
     f, r = d["figures"], d["results"]
     full = f["epoch1_grouped_tokens_per_s_vs_vllm_suffix_at_256"]
-    return (f"grouped drafts {x(f['grouped_tokens_per_s_vs_nospec'])} the tokens/s of none, "
+    text = (f"grouped drafts {x(f['grouped_tokens_per_s_vs_nospec'])} the tokens/s of none, "
             f"{x(f['grouped_tokens_per_s_vs_vllm_suffix'])} vLLM suffix's ({r['engine_sizes'][0]} decoding); "
             f"{'suffix' if full < 1 else 'grouped drafts'} ahead in a full batch's first epoch")
+    if f.get("real_model_grouped_tokens_per_s_vs_nospec") is None:
+        return text
+    bound, met = verdict(d, "real_model_grouped_tokens_per_s_vs_nospec")
+    return (f"{text}; on the real model {x(f['real_model_grouped_tokens_per_s_vs_nospec'])} at the start of training ({met} ≥ "
+            f"{bound}), {x(f['real_model_trained_grouped_tokens_per_s_vs_nospec'])} trained")
 
 
 def agentic(d: dict) -> str:

@@ -208,7 +208,7 @@ def plot(curves: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    jobs = sorted(curves)
+    jobs = sorted(curves, key=lambda j: (j != "r", j))  # the real model's job first
     fig, axes = plt.subplots(1, len(jobs), figsize=(7 * len(jobs), 4), squeeze=False)
     for ax, job in zip(axes[0], jobs):
         colors = {"flashq": "tab:blue", "trl": "tab:orange", "flashq + grouped drafts": "tab:green"}
