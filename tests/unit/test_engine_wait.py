@@ -33,7 +33,10 @@ def test_a_napping_reader_gets_every_message_in_order(monkeypatch):
     def write():
         for i, delay in enumerate(delays):
             time.sleep(delay)
-            if delay >= 0.01:  # the reader has waited long enough to nap at the cap
+            if delay >= 0.01:  # a long wait: the reader's naps grow to the cap (on a busy host it may take a while to get there)
+                deadline = time.monotonic() + 10
+                while getattr(reader._spin_condition, "nap_s", None) != 2e-4 and time.monotonic() < deadline:
+                    time.sleep(0.001)
                 naps_while_waiting.append(getattr(reader._spin_condition, "nap_s", None))
             writer.enqueue({"step": i, "payload": list(range(i))})
 
