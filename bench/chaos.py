@@ -35,8 +35,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections import Counter
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -154,9 +154,9 @@ def chunk_overhead(chunks: list[int], extra: list[str], repeats: int = 3, length
     import asyncio
     import time
 
-    from flashq.scheduling.divided import DividedRollout
     from flashq.engine.vllm_engine import RolloutEngine
     from flashq.models.tiny import TinyModelSpec, ensure_tiny_model
+    from flashq.scheduling.divided import DividedRollout
     from flashq.wire.protocol import GenerateRequest
 
     model = ensure_tiny_model(TinyModelSpec(), ROOT / ".cache" / "flashq")

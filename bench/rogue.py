@@ -33,16 +33,23 @@ from msgspec.structs import replace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flashq.wire.codec import Encoder  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.credentials import own_token  # noqa: E402
-from flashq.wire.fuzz import raw_peer  # noqa: E402
-from flashq.wire.protocol import (  # noqa: E402
-    BatchRequest, Fatal, RewardResult, ScoreRequest, Shutdown, StepStats, WeightSyncCall, WeightSyncReply,
-)
 from flashq.rewards.runner import RewardRunner  # noqa: E402
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model  # noqa: E402
 from flashq.roles.reward import RewardScorer  # noqa: E402
+from flashq.wire.codec import Encoder  # noqa: E402
+from flashq.wire.fuzz import raw_peer  # noqa: E402
+from flashq.wire.protocol import (  # noqa: E402
+    BatchRequest,
+    Fatal,
+    RewardResult,
+    ScoreRequest,
+    Shutdown,
+    StepStats,
+    WeightSyncCall,
+    WeightSyncReply,
+)
 from flashq.wire.transport import PeerLost  # noqa: E402
 
 OTHERS = ("trainer", "rollout-0", "rollout-1", "reward-0", "reward-1")

@@ -43,8 +43,8 @@ def make_batch(cfg, encode_prompt, vocab: int):
     """4 groups x 8 of the example's prompts, seeded lengths and tokens, rewards 0/1 in each group."""
     from flashq.buffer import Group, pack_batch
     from flashq.data import training_tasks
-    from flashq.wire.protocol import RewardResult, Sample
     from flashq.staleness import Admission
+    from flashq.wire.protocol import RewardResult, Sample
 
     rng = np.random.default_rng(0)
     tasks = training_tasks(cfg)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flashq.wire.protocol import RewardResult, Sample, TrainBatch
 from flashq.staleness import Admission
+from flashq.wire.protocol import RewardResult, Sample, TrainBatch
 
 
 @dataclass

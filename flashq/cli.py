@@ -230,9 +230,8 @@ def _sim(args) -> int:
 
 
 def _role(args) -> int:
-    from flashq.roles.common import run_role, setup_logging
-
     from flashq.credentials import own_token
+    from flashq.roles.common import run_role, setup_logging
 
     own_token()  # out of the environment before anything this role starts could inherit it
     role = args.name if "-" in args.name or args.name in ("coordinator", "trainer") else f"{args.name}-0"

@@ -18,31 +18,31 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from flashq.config.fields import all_keys, section_at
 from flashq.config.sections import (  # noqa: F401 - the sections are part of this module's interface
-    Section,
-    ConfigError,
-    ModelConfig,
     ArithmeticConfig,
-    FileTaskConfig,
-    ReasoningGymConfig,
-    TaskConfig,
-    EvalConfig,
-    ForcedLengths,
+    ConfigError,
     EnvConfig,
-    SamplingConfig,
-    RolloutConfig,
-    RewardConfig,
-    WeightSyncConfig,
-    TransportConfig,
-    SFTConfig,
-    PlacementConfig,
-    LogConfig,
-    RayRoleResources,
-    RayConfig,
+    EvalConfig,
     FaultConfig,
+    FileTaskConfig,
+    ForcedLengths,
+    LogConfig,
+    ModelConfig,
+    PlacementConfig,
+    RayConfig,
+    RayRoleResources,
+    ReasoningGymConfig,
+    RewardConfig,
+    RolloutConfig,
+    SamplingConfig,
+    Section,
+    SFTConfig,
+    TaskConfig,
+    TransportConfig,
+    WeightSyncConfig,
 )
 from flashq.config.training import LoRAConfig, LossConfig, TrainerConfig  # noqa: F401 - as above
-from flashq.config.fields import all_keys, section_at
 
 REFERENCE = "docs/reference/configuration.md"  # every key, generated from these models (`flashq reference`)
 

@@ -31,13 +31,13 @@ from flashq.evaluation import Evaluator, episode_seed, is_eval
 from flashq.ledger import Ledger
 from flashq.orchestrator.episodes import EpisodeEvents
 from flashq.orchestrator.snapshot import Snapshots
-from flashq.wire.protocol import EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 from flashq.redundancy import RedundantGroups
 from flashq.scheduling.dispatch import LeastLoadedQueue
 from flashq.scheduling.divided import DividedRollout
 from flashq.scheduling.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.scheduling.order import ContextAwareOrder, FifoOrder, OracleOrder
 from flashq.staleness import StalenessGate
+from flashq.wire.protocol import EpisodeRequest, GenerateRequest, Message, RewardResult, Sample, ScoreRequest
 
 log = logging.getLogger("flashq.orchestrator")
 

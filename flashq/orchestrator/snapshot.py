@@ -10,8 +10,8 @@ from collections import Counter
 
 from flashq.buffer import Group
 from flashq.checkpoint import STATE_SCHEMA, GroupState, OrchestratorState
-from flashq.wire.protocol import ScoreRequest
 from flashq.staleness import Admission
+from flashq.wire.protocol import ScoreRequest
 
 
 class Snapshots:

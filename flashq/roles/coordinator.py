@@ -30,9 +30,11 @@ from flashq.data import chat_messages, evaluation_tasks, training_tasks
 from flashq.data.chat_encoder import ChatEncoder
 from flashq.failed_batches import suspects
 from flashq.jsonl import keep_records
+from flashq.orchestrator.core import Orchestrator
 from flashq.reporting.metrics import MetricsLog
 from flashq.reporting.trackers import make_trackers
-from flashq.orchestrator.core import Orchestrator
+from flashq.roles.common import resolve_model
+from flashq.roles.coordinator_metrics import StepMetrics, progress_window
 from flashq.wire.protocol import (
     BatchRequest,
     Fatal,
@@ -49,8 +51,6 @@ from flashq.wire.protocol import (
     WeightSyncReply,
     WorkerStats,
 )
-from flashq.roles.common import resolve_model
-from flashq.roles.coordinator_metrics import StepMetrics, progress_window
 from flashq.wire.transport import Hub, PeerLost
 
 log = logging.getLogger("flashq.coordinator")

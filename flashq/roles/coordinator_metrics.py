@@ -13,8 +13,8 @@ import logging
 import time
 
 from flashq.config import FlashqConfig
-from flashq.wire.protocol import StepStats
 from flashq.reporting.step_window import WINDOW_STEPS, StepWindow
+from flashq.wire.protocol import StepStats
 
 log = logging.getLogger("flashq.coordinator")
 

@@ -13,9 +13,9 @@ import time
 
 from flashq.config import FlashqConfig
 from flashq.reporting.metrics import BusyClock
-from flashq.wire.protocol import Heartbeat, RewardResult, ScoreRequest, Shutdown, WorkerStats
 from flashq.rewards.runner import RewardFailed, RewardRunner
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
+from flashq.wire.protocol import Heartbeat, RewardResult, ScoreRequest, Shutdown, WorkerStats
 from flashq.wire.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.reward")

@@ -15,9 +15,10 @@ import logging
 import time
 
 from flashq.config import FlashqConfig
-from flashq.reporting.metrics import BusyClock
 from flashq.engine.vllm_engine import RolloutEngine, prepare_engine_process
 from flashq.placement import lower_priority, pin_process
+from flashq.reporting.metrics import BusyClock
+from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
 from flashq.wire.protocol import (
     Cancel,
     EpisodeRequest,
@@ -29,7 +30,6 @@ from flashq.wire.protocol import (
     WeightSyncReply,
     WorkerStats,
 )
-from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
 from flashq.wire.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.rollout")

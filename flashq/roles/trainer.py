@@ -38,9 +38,18 @@ from flashq.checkpoint import DiskFull, disk_full, is_disk_full, step_dir
 from flashq.config import FlashqConfig
 from flashq.failed_batches import record_failure
 from flashq.jsonl import keep_records
-from flashq.wire.protocol import BatchRequest, Heartbeat, Regroup, Shutdown, StepStats, TrainBatch, WeightSyncCall, WeightSyncReply
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
 from flashq.trainer.parallel import broadcast_command, leave
+from flashq.wire.protocol import (
+    BatchRequest,
+    Heartbeat,
+    Regroup,
+    Shutdown,
+    StepStats,
+    TrainBatch,
+    WeightSyncCall,
+    WeightSyncReply,
+)
 from flashq.wire.transport import Link
 
 log = logging.getLogger("flashq.trainer")

@@ -22,8 +22,8 @@ import time
 from collections import deque
 from typing import Callable, Protocol
 
-from flashq.wire.protocol import GenerateRequest
 from flashq.scheduling.lengths import LengthEstimates
+from flashq.wire.protocol import GenerateRequest
 
 
 class WaitingOrder(Protocol):

@@ -43,8 +43,8 @@ import numpy as np
 
 from flashq.config import ConfigError, FlashqConfig
 from flashq.orchestrator.core import Orchestrator
-from flashq.wire.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 from flashq.sim.calibration import Calibration
+from flashq.wire.protocol import GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 
 
 class _SharedCores:

@@ -21,7 +21,6 @@ import torch
 from flashq.algos.losses import Normalizer, policy_loss
 from flashq.algos.overlong import filtered_loss_mask
 from flashq.config import FlashqConfig
-from flashq.wire.protocol import TrainBatch
 from flashq.trainer import parallel
 from flashq.trainer.batch_stats import per_sample, sequence_advantages, staleness_stats, trained_lengths, zero_variance_groups
 from flashq.trainer.logprobs import install_logprob_head, token_logprobs
@@ -30,6 +29,7 @@ from flashq.trainer.micro_batches import MicroBatch, MicroBatching
 from flashq.trainer.packing import check_isolation, unpack
 from flashq.trainer.shared_prompts import check_sharing, shared_token_logprobs, unsupported
 from flashq.trainer.update_fence import UpdateFence
+from flashq.wire.protocol import TrainBatch
 
 log = logging.getLogger(__name__)
 

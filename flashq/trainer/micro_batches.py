@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flashq.wire.protocol import TrainBatch
 from flashq.trainer import parallel
 from flashq.trainer.packing import PackedRows, first_fit_rows, pack
 from flashq.trainer.shared_prompts import SharedPromptRows, distinct_prompts, layout
+from flashq.wire.protocol import TrainBatch
 
 
 @dataclass

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from flashq.config import load_config
-from flashq.wire.protocol import GenerateRequest
 from flashq.roles.common import free_port
+from flashq.wire.protocol import GenerateRequest
 from tests.integration.helpers import read_jsonl, trained_requests
 from tests.integration.test_faults import Run, audit, stop_runs_left_running  # noqa: F401 - the fixture
 from tests.integration.test_weight_transfer import direct_rpc

@@ -10,9 +10,9 @@ import pytest
 from flashq.config import load_config
 from flashq.engine.vllm_engine import RolloutEngine
 from flashq.models.tiny import padded_vocab_size
-from flashq.wire.protocol import GenerateRequest
 from flashq.roles.common import resolve_model
 from flashq.roles.rollout import answer
+from flashq.wire.protocol import GenerateRequest
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from vllm.v1.engine.core import EngineCoreProc
 from flashq.config import load_config
 from flashq.engine.vllm_engine import RolloutEngine
 from flashq.engine.vllm_plugin import run_engine_core_then_exit
-from flashq.wire.protocol import GenerateRequest
 from flashq.roles.common import resolve_model
+from flashq.wire.protocol import GenerateRequest
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from flashq.config import load_config
-from flashq.wire.protocol import GenerateRequest
 from flashq.roles.common import free_port
 from flashq.trainer.logprobs import naive_token_logprobs
+from flashq.wire.protocol import GenerateRequest
 
 pytestmark = pytest.mark.slow
 

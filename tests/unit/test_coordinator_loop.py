@@ -9,13 +9,13 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from flashq.wire.codec import Encoder
 from flashq.config import load_config
 from flashq.credentials import RunCredentials
-from flashq.wire.fuzz import raw_peer
-from flashq.wire.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest, WeightSyncCall
 from flashq.roles.common import hello
 from flashq.roles.coordinator import Coordinator
+from flashq.wire.codec import Encoder
+from flashq.wire.fuzz import raw_peer
+from flashq.wire.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest, WeightSyncCall
 from flashq.wire.transport import Link
 
 

@@ -11,10 +11,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from flashq.roles.coordinator import rejection_kind
 from flashq.wire.codec import Decoder, Encoder, RejectedFrame
 from flashq.wire.fuzz import raw_peer
 from flashq.wire.protocol import MAX_NESTING, SCHEMA_VERSION, Envelope, EpisodeRequest, Heartbeat, WeightSyncCall
-from flashq.roles.coordinator import rejection_kind
 from flashq.wire.transport import MAX_REJECT_KEYS, Hub
 
 

@@ -7,8 +7,8 @@ import asyncio
 import sys
 
 from flashq.launch import LINE_LIMIT, LocalProcess
-from flashq.wire.protocol import RewardResult
 from flashq.roles.coordinator import rejection_kind
+from flashq.wire.protocol import RewardResult
 
 
 def test_a_line_longer_than_the_limit_comes_in_pieces_and_reading_goes_on():

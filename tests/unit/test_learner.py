@@ -9,9 +9,9 @@ import torch
 from flashq.buffer import Group, pack_batch
 from flashq.config import load_config
 from flashq.staleness import Admission
-from flashq.wire.protocol import RewardResult, Sample
 from flashq.trainer.learner import Learner
 from flashq.trainer.logprobs import token_logprobs
+from flashq.wire.protocol import RewardResult, Sample
 
 
 def make_batch(learner, rewards, versions=0, batch_index=0, behaviour=None, lengths=None):

@@ -6,8 +6,8 @@ import pytest
 
 from flashq.config import load_config
 from flashq.orchestrator.core import Orchestrator
-from flashq.wire.protocol import EpisodeRequest, GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 from flashq.scheduling.lengths import forced_length
+from flashq.wire.protocol import EpisodeRequest, GenerateRequest, RewardResult, Sample, ScoreRequest, TrainBatch
 
 
 class Tasks:
@@ -250,8 +250,8 @@ def test_a_sample_that_contradicts_its_request_is_refused_and_stays_owed():
 
 
 def test_only_the_trainer_may_ask_for_batches_or_report_steps():
-    from flashq.wire.protocol import BatchRequest, StepStats
     from flashq.roles.coordinator import Coordinator
+    from flashq.wire.protocol import BatchRequest, StepStats
 
     for msg in (BatchRequest(credits=5), StepStats(step=1, metrics={})):
         with pytest.raises(ValueError, match="only the trainer sends it"):

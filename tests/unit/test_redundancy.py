@@ -6,8 +6,8 @@ import pytest
 
 from flashq.config import load_config
 from flashq.orchestrator.core import Orchestrator
-from flashq.wire.protocol import Cancel, EpisodeRequest, Sample
 from flashq.redundancy import RedundantGroups
+from flashq.wire.protocol import Cancel, EpisodeRequest, Sample
 
 
 def test_first_to_finish_are_kept_the_rest_cancelled_and_failures_replaced():

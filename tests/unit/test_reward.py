@@ -4,11 +4,11 @@ import time
 import numpy as np
 import pytest
 
-from flashq.wire.protocol import Sample, ScoreRequest
 from flashq.rewards import load_reward_fn
 from flashq.rewards.builtin import exact_match
 from flashq.rewards.runner import RewardRunner
 from flashq.roles.reward import RewardScorer
+from flashq.wire.protocol import Sample, ScoreRequest
 
 HERE = "tests.unit.reward_fixtures"
 

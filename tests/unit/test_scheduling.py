@@ -6,10 +6,10 @@ import pytest
 
 from flashq.config import ForcedLengths, load_config
 from flashq.orchestrator.core import Orchestrator
-from flashq.wire.protocol import GenerateRequest, Sample
 from flashq.scheduling.divided import DividedRollout
 from flashq.scheduling.lengths import LengthEstimates, forced_length, prompt_key
 from flashq.scheduling.order import ContextAwareOrder, FifoOrder, OracleOrder
+from flashq.wire.protocol import GenerateRequest, Sample
 
 
 def req(gid, k, generated=0, max_tokens=100):

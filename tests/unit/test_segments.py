@@ -8,12 +8,12 @@ import pytest
 
 from flashq.agents.audit import audit_tokens
 from flashq.buffer import Group, pack_batch
-from flashq.wire.codec import Decoder, Encoder, RejectedFrame
 from flashq.config import load_config
-from flashq.wire.protocol import RewardResult, Sample
 from flashq.roles.trainer import trained_record
 from flashq.staleness import Admission
 from flashq.trainer.batch_stats import sequence_advantages
+from flashq.wire.codec import Decoder, Encoder, RejectedFrame
+from flashq.wire.protocol import RewardResult, Sample
 
 PROMPT = np.array([1, 2, 3], np.int32)
 

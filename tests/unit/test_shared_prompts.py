@@ -6,11 +6,11 @@ import torch
 
 from flashq.buffer import Group, pack_batch
 from flashq.config import ConfigError, load_config
-from flashq.wire.protocol import RewardResult, Sample
 from flashq.staleness import Admission
 from flashq.trainer.learner import Learner, load_causal_lm
 from flashq.trainer.logprobs import install_logprob_head, token_logprobs
 from flashq.trainer.shared_prompts import layout, shared_token_logprobs
+from flashq.wire.protocol import RewardResult, Sample
 
 
 def test_shared_passes_give_each_response_token_the_logprob_of_its_whole_row(tiny_model):

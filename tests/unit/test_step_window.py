@@ -6,8 +6,8 @@ import json
 from rich.console import Console
 
 from flashq.reporting.progress import ProgressView
-from flashq.roles.coordinator_metrics import progress_line
 from flashq.reporting.step_window import StepWindow, window_mean
+from flashq.roles.coordinator_metrics import progress_line
 
 FLAPPING = [{"time/step_s": 0.5, "rollout/tokens_per_s": 7000.0 * (i % 2), "rollout/idle_share": float(i % 2 == 0)}
             for i in range(20)]

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from flashq.config import load_config
-from flashq.wire.protocol import Regroup
 from flashq.roles.trainer import TrainerRole
-from flashq.trainer.update_fence import UpdateFence
 from flashq.trainer.parallel import Ranks
+from flashq.trainer.update_fence import UpdateFence
+from flashq.wire.protocol import Regroup, WeightSyncReply
 
 
 class FakePusher:
@@ -19,7 +19,7 @@ class FakePusher:
 
     built: list[int] = []
 
-    def __init__(self, cfg, model, rpc, inference_world_size, port, device, rank=0, wire_dtype=None, adapter=False):
+    def __init__(self, cfg, model, rpc, inference_world_size, port, device, rank=0, wire_dtype=None, adapter=False, colocate=False):
         self.backend = "fake"
         self.pushed: list[int] = []
         FakePusher.built.append(inference_world_size)
@@ -110,3 +110,35 @@ def test_a_push_past_its_deadline_with_no_worker_lost_is_retried_on_a_group_rebu
     assert FakePusher.built == [2, 2]  # the first group, then one rebuilt for the same two engine ranks
     assert role.pusher.pushed == [3] and role.membership.members == ["rollout-0", "rollout-1"]
     assert "push 3 failed" in role.membership.reason
+
+
+def test_a_colocated_turn_waits_for_the_last_push_then_has_the_engines_release_the_devices(tmp_path):
+    """placement.colocate: before a step computes, the last push has landed (the engine is back
+    and serving it), then the engines release the devices, then the optimizer's state comes back.
+    A release that fails (a worker lost) costs only the turn: training goes on."""
+    role, events = trainer_role(tmp_path, ["async_ratio=0", "placement.colocate=true"]), []
+
+    async def call(method, payload, version):
+        events.append(method)
+        return WeightSyncReply(0, ok=len(events) > 2, error="rollout-0 lost during release_devices")
+
+    class Offload:
+        def restore(self):
+            events.append("restore")
+
+    async def scenario():
+        landed = asyncio.Event()
+
+        async def push():
+            await landed.wait()
+            events.append("push landed")
+            return 0.1
+
+        role._call = call
+        role.pending_push = asyncio.ensure_future(push())
+        role.loop.call_soon(landed.set)
+        await role._take_turn(Offload())  # its release fails: a warning, not an error
+        await role._take_turn(None)
+
+    run_on(role, scenario)
+    assert events == ["push landed", "release_devices", "restore", "release_devices"]
