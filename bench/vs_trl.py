@@ -17,7 +17,10 @@ command, start-up included (the SFT is shared and not counted).
   best of its own settings (flashq: `FLASHQ_SETTINGS`, TRL: bench/trl_runner.py `SETTINGS`), each
   chosen on calibration seeds (`--calibrate`, seeds 100 and 101: bench/results/vs_trl_calibration.json)
   by the highest steps per second, before the reported seeds run.
-- Job A, the quickstart job: integer sums, exact match, 6 new tokens, 1500 steps.
+- Job A, the quickstart job: integer sums, exact match, 6 new tokens, 1500 steps. flashq runs it
+  twice a seed: as shipped (pushes received while the engine generates, paused only to load) and
+  receiving inside the pause as before (`_receiving_in_pause`): `job_a_push_pause_s` beside
+  `job_a_push_pause_s_receiving_in_pause` is what a push pauses generation for, before and after.
 - Job B, a natural long tail (bench/repeat_task.py): write a letter n times, n log-normal, graded
   reward, 96 new tokens; response lengths come from the prompts and the model. flashq runs it
   twice a seed: as recommended for a long tail (grouped speculative decoding at its shipped
@@ -66,7 +69,7 @@ JOBS = {
     "r": {"title": "Job R (a real model: SmolLM2-135M-Instruct)", "config": REAL_CONFIG, "steps": 40, "speed_bound": 3.0,
           "gap_bound": 0.03, "modes": {"flashq": []}, "calibrated": True},
     "a": {"title": "Job A (the quickstart job)", "config": CONFIG, "steps": 1500, "speed_bound": 1.0, "gap_bound": 0.03,
-          "modes": {"flashq": []}},
+          "modes": {"flashq": [], "flashq, receiving in the pause": ["weight_sync.receive_while_generating=false"]}},
     "b": {"title": "Job B (a natural long tail)", "config": CONFIG, "steps": 300, "speed_bound": 2.5, "gap_bound": 0.05,
           "modes": {"flashq + grouped drafts": ["rollout.speculation=grouped"], "flashq": []}},
 }
@@ -80,7 +83,9 @@ _CHECKPOINTING = ["trainer.gradient_checkpointing=true"]
 FLASHQ_SETTINGS = {"turns": [], "split": _SPLIT, "turns_checkpointing": _CHECKPOINTING, "split_checkpointing": [*_SPLIT, *_CHECKPOINTING]}
 # Job R asks for the working, so answers run to a few dozen tokens, as real tasks' do.
 JOB_R_INSTRUCTION = "Show the working in one or two short sentences, then give the final answer inside <answer></answer> tags."
-SUFFIX = {"flashq + grouped drafts": "", "flashq": "_quickstart_settings"}  # job B's figure names per mode
+# the figure names of a job's other modes (its headline's have none); job A's second mode is how pushes paused
+# before they were received while generating (issue 52 item 3)
+SUFFIX = {"flashq": "_quickstart_settings", "flashq, receiving in the pause": "_receiving_in_pause"}
 
 
 def job_overrides(job: str, work: Path) -> list[str]:
@@ -237,7 +242,7 @@ def job_figures(job: str, rows: list[dict], runs: dict) -> dict:
                f"job_{job}_speed_bound": JOBS[job]["speed_bound"], f"job_{job}_final_reward_gap_bound": JOBS[job]["gap_bound"],
                f"job_{job}_flashq_overrides": FLASHQ_OPTIMIZER}
     for mode in modes:
-        tag = SUFFIX[mode] if len(modes) > 1 else ""
+        tag = "" if mode == modes[0] else SUFFIX[mode]
         parts = [r["breakdown"] for r in runs[mode]]
         lengths = [r["lengths"] for r in runs[mode]]
         figures.update({
@@ -246,6 +251,7 @@ def job_figures(job: str, rows: list[dict], runs: dict) -> dict:
             f"job_{job}_flashq_breakdown{tag}": {k: statistics.mean(p[k] for p in parts) for k in parts[0]},
             # seconds a step the engine stood paused for the push (issue 52 item 3: receive while generating)
             f"job_{job}_push_pause_s{tag}": statistics.mean(p["engine_paused_for_push_s"] for p in parts),
+            f"job_{job}_push_call_s{tag}": statistics.mean(p["engine_push_call_s"] for p in parts),  # the whole push, as seen by the worker
             f"job_{job}_response_length_median{tag}": statistics.mean(x["median"] for x in lengths),
             f"job_{job}_response_length_p99{tag}": statistics.mean(x["p99"] for x in lengths),
         })
