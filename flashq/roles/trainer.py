@@ -39,6 +39,7 @@ from flashq.config import FlashqConfig
 from flashq.failed_batches import record_failure
 from flashq.jsonl import keep_records
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
+from flashq.trainer.offload import OptimizerOffload, give_back_device_memory
 from flashq.trainer.parallel import broadcast_command, leave
 from flashq.wire.protocol import (
     BatchRequest,
@@ -116,11 +117,7 @@ class TrainerRole:
             log.info("engines now serve the trainer's weights (version %d, %.2fs)", learner.version, sync_s)
         await self.link.send(BatchRequest(credits=2))  # one batch in hand, one being assembled
         sync_s = 0.0
-        offload = None
-        if self.cfg.trainer.offload_optimizer:
-            from flashq.trainer.offload import OptimizerOffload
-
-            offload = OptimizerOffload(learner.optimizer)
+        offload = OptimizerOffload(learner.optimizer) if self.cfg.trainer.offload_optimizer else None  # colocated
         for step in range(learner.version, self.cfg.trainer.steps):
             t_wait = time.monotonic()
             batch = await self._next_batch(learner)
@@ -135,8 +132,6 @@ class TrainerRole:
                 record_failure(self.run_dir, learner.version, batch.batch_index, batch.request_ids, e)
                 raise
             if self.cfg.placement.colocate:  # before the push: it wakes the engine, whose KV cache takes the memory
-                from flashq.trainer.offload import give_back_device_memory
-
                 metrics["trainer/offloaded_bytes"] = float(await loop.run_in_executor(self.pool, give_back_device_memory, offload))
                 metrics["trainer/turn_s"] = turn_s  # the engines releasing the devices, the optimizer state returning
             if self.pending_push is not None and self.pending_push.done():
