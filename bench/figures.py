@@ -1,9 +1,11 @@
-"""The README's and docs/benchmarks/index.md's benchmark figures, generated from bench/results/*.json.
+"""The benchmark figures of the README, docs/benchmarks/index.md and the head of each benchmark
+page, generated from bench/results/*.json.
 
 Typed figures go stale without anyone noticing; generated ones carry the date (and, in the docs,
-the commit) of the file they came from, and tests/unit/test_figures.py fails when the text no
-longer matches the files. `python bench/figures.py` rewrites both blocks; `--check` exits 1
-naming each file whose block is stale.
+the commit and host) of the file they came from, and tests/unit/test_figures.py fails when the
+text no longer matches the files. A page's history below its generated head stays typed, each
+figure with the commit it was measured at. `python bench/figures.py` rewrites every block;
+`--check` exits 1 naming each file whose block is stale.
 """
 
 from __future__ import annotations
@@ -302,15 +304,31 @@ def index_block(results: Path = RESULTS) -> str:
             "|---|---|---|---|---|---|---|"]
     for e in ENTRIES.values():
         d = json.loads((results / f"{e.result}.json").read_text())
-        met = "; ".join(f"`{fig}` {value:.3g} {op.replace('>=', '≥').replace('<=', '≤')} {bound}: "
-                        f"{'met' if ok else '**fails**'}" for fig, (value, op, bound, ok) in bounds(d).items()) or "none"
+        met = judged(d)
         host = cpu(d["machine"].get("cpu_model")) + (f", {d['machine']['gpu']}" if d["machine"].get("gpu") else "")
         rows.append(f"| [{e.name}]({e.page}.md) | {e.what} | {e.summary(d)} | {met} | {(d.get('git_commit') or '?')[:7]} "
                     f"| {d['date'][:10]} | {host} |")
     return "\n".join(rows)
 
 
-TARGETS = {"README.md": readme_block, "docs/benchmarks/index.md": index_block}
+def judged(d: dict) -> str:
+    """The bounds a file states, each with its figure's value and whether it is met."""
+    return "; ".join(f"`{fig}` {value:.3g} {op.replace('>=', '≥').replace('<=', '≤')} {bound}: "
+                     f"{'met' if ok else '**fails**'}" for fig, (value, op, bound, ok) in bounds(d).items()) or "none"
+
+
+def page_block(entry: Entry, results: Path = RESULTS) -> str:
+    """The head of a benchmark's own page: what its result file says now, with commit, date and host."""
+    d = json.loads((results / f"{entry.result}.json").read_text())
+    host = cpu(d["machine"].get("cpu_model")) + (f", {d['machine']['gpu']}" if d["machine"].get("gpu") else "")
+    return (f"**Now**, from `bench/results/{entry.result}.json` (commit {(d.get('git_commit') or '?')[:7]}, "
+            f"{d['date'][:10]}, {host}): {entry.summary(d)}. Bounds the file states: {judged(d)}.")
+
+
+TARGETS: dict[str, Callable[..., str]] = {
+    "README.md": readme_block, "docs/benchmarks/index.md": index_block,
+    **{f"docs/benchmarks/{e.page}.md": (lambda results=RESULTS, e=e: page_block(e, results)) for e in ENTRIES.values()},
+}
 
 
 def splice(text: str, block: str, name: str) -> str:

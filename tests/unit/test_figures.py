@@ -1,6 +1,7 @@
-"""The benchmark figures in README.md and docs/benchmarks/index.md are the result files' own.
+"""The benchmark figures in README.md, docs/benchmarks/index.md and each benchmark page's head are
+the result files' own.
 
-bench/figures.py generates both tables from bench/results/*.json; these tests fail when a block no
+bench/figures.py generates them from bench/results/*.json; these tests fail when a block no
 longer matches the files (someone re-ran a benchmark, or edited the text by hand), and show that
 a changed figure in a result file does change the row it feeds.
 """
@@ -37,7 +38,9 @@ def test_a_changed_figure_changes_its_row(tmp_path: Path):
     assert before != after
     assert "reward +0.123" in after and after.endswith("(measured 2031-01-02) |")
     assert "reward +0.123" in row(figures.index_block(results))
-    assert figures.stale(ROOT, results) == list(figures.TARGETS)  # both files now read as stale
+    assert "reward +0.123" in figures.page_block(figures.ENTRIES["quickstart"], results)
+    # the README, the index and the quickstart's own page now read as stale; no other page
+    assert figures.stale(ROOT, results) == ["README.md", "docs/benchmarks/index.md", "docs/benchmarks/quickstart.md"]
 
 
 def test_every_bound_a_result_file_states_is_judged():
