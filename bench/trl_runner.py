@@ -90,5 +90,16 @@ def trl_main(config: str, overrides: list[str], model: str, steps: int, seed: in
     )
     config_args.update(SETTINGS[setting])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**config_args), train_dataset=data, callbacks=[Clock()])
+    generating: list[float] = []  # seconds each step spent generating and scoring its completions (timed, not changed)
+    generate = trainer._generate_and_score_completions
+
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            generating.append(time.perf_counter() - started)
+
+    trainer._generate_and_score_completions = timed
     trainer.train()
-    Path(out).write_text(json.dumps({"wall_s": time.time() - t0, "curve": curve, "setting": setting}))
+    Path(out).write_text(json.dumps({"wall_s": time.time() - t0, "curve": curve, "setting": setting, "generate_s": generating}))

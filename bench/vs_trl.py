@@ -198,7 +198,20 @@ def run_trl(job: str, work: Path, sft: Path, steps: int, seed: int, setting: str
     inner = json.loads(out.read_text())
     wall = time.time() - t0  # as for flashq: the whole command, start-up included
     offset = wall - inner["wall_s"]  # imports and loading before the trainer's clock started
-    return {"wall_s": wall, "curve": [(t + offset, r) for t, r in inner["curve"]]}
+    return {"wall_s": wall, "curve": [(t + offset, r) for t, r in inner["curve"]], "breakdown": trl_breakdown(inner)}
+
+
+def trl_breakdown(inner: dict) -> dict[str, float]:
+    """Where a TRL step's time goes, seconds per step after the run's first 10%: generating (and
+    scoring) its completions, and the rest (the loss, backward and optimizer step)."""
+    times = [t for t, _ in inner["curve"]]
+    a, b = len(times) // 10, len(times) - 1
+    generate = inner.get("generate_s") or []
+    if b <= a or len(generate) < len(times):
+        return {}
+    step = (times[b] - times[a]) / (b - a)
+    generating = statistics.mean(generate[a + 1:b + 1])
+    return {"step_s": step, "generating_s": generating, "training_s": step - generating}
 
 
 def final_reward(curve: list[tuple[float, float]]) -> float:
@@ -241,6 +254,9 @@ def job_figures(job: str, rows: list[dict], runs: dict) -> dict:
     figures = {f"job_{job}_seeds": len(runs[modes[0]]), f"job_{job}_steps": rows[0]["steps"], f"job_{job}_headline_mode": modes[0],
                f"job_{job}_speed_bound": JOBS[job]["speed_bound"], f"job_{job}_final_reward_gap_bound": JOBS[job]["gap_bound"],
                f"job_{job}_flashq_overrides": FLASHQ_OPTIMIZER}
+    trl_parts = [r["breakdown"] for r in runs["trl"] if r.get("breakdown")]
+    if trl_parts:  # where TRL's step goes: generating, and the rest
+        figures[f"job_{job}_trl_breakdown"] = {k: statistics.mean(p[k] for p in trl_parts) for k in trl_parts[0]}
     for mode in modes:
         tag = "" if mode == modes[0] else SUFFIX[mode]
         parts = [r["breakdown"] for r in runs[mode]]
