@@ -53,10 +53,11 @@ class ReceivedTensors(torch.nn.Module):
 
 
 def receive(worker, update_info: dict) -> dict[str, torch.Tensor]:
-    """The adapter's tensors of one push, through the worker's weight-transfer engine."""
+    """The tensors of one push (the adapter's, or whole weights staged while generating), through the worker's
+    weight-transfer engine, held in memory instead of loaded."""
     engine = worker.weight_transfer_engine
     if engine is None:
-        raise RuntimeError("adapter push before the weight-transfer group was initialised")
+        raise RuntimeError("weight push before the weight-transfer group was initialised")
     sink = ReceivedTensors()
     engine.set_weight_update_target(sink, engine.model_config)
     try:

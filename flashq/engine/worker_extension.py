@@ -22,20 +22,12 @@ class FlashqWorkerExtension:
         """Receive a push into memory beside the served model, on a thread of the engine core's
         process while the engine generates (`vllm_plugin.receive_in_engine_core`); the model is
         not touched until `flashq_load_staged`. A receive that fails leaves nothing staged."""
-        from flashq.engine.adapter import ReceivedTensors
+        from flashq.engine import adapter
         from flashq.engine.push_deadline import under_nccl_deadline
 
         self._flashq_staged = None
-        engine = self.weight_transfer_engine
-        if engine is None:
-            raise RuntimeError("weight push before the weight-transfer group was initialised")
-        sink = ReceivedTensors()
-        engine.set_weight_update_target(sink, engine.model_config)
-        try:
-            under_nccl_deadline(engine, deadline_s, "weight receive", engine.update_weights, update_info)
-        finally:
-            engine.reset_weight_update_target()
-        self._flashq_staged = sink.tensors
+        self._flashq_staged = under_nccl_deadline(self.weight_transfer_engine, deadline_s, "weight receive", adapter.receive,
+                                                  self, update_info)
 
     def flashq_load_staged(self) -> None:
         """Load what `flashq_stage_weights` received, with vLLM's layerwise reload as a push
