@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -146,6 +147,7 @@ def run_flashq(job: str, mode: str, work: Path, sft: Path, steps: int, seed: int
     if proc.returncode != 0:
         raise SystemExit(f"flashq run failed:\n{proc.stdout[-4000:]}")
     steps_rows = step_rows(run_dir)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # job R's final checkpoint is 1.6 GB; the metrics are all we read
     return {"wall_s": wall, "curve": [(r["time"] - t0, r["reward/mean"]) for r in steps_rows], "breakdown": breakdown(steps_rows),
             "lengths": response_lengths(run_dir / "trained.jsonl", steps)}
 
@@ -325,6 +327,7 @@ CALIBRATION = ROOT / "bench" / "results" / "vs_trl_calibration.json"  # the publ
 
 
 CALIBRATION_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_calibration_runs.jsonl"  # each finished run, kept as it ends
+REPORTED_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_job_r_runs.jsonl"  # job R's reported runs, likewise
 
 
 def code_fingerprint() -> str:
@@ -338,12 +341,48 @@ def code_fingerprint() -> str:
     return ",".join(out.stdout.split())
 
 
-def kept_runs(key: dict) -> list[dict]:
-    """Runs an interrupted calibration finished with this code, on this kind of CPU, at these steps."""
-    if not CALIBRATION_RUNS.exists():
+def kept_runs(key: dict, path: Path | None = None) -> list[dict]:
+    """Runs an interrupted benchmark (the calibration unless `path`) finished with this code, on
+    this kind of CPU, at these steps."""
+    path = path or CALIBRATION_RUNS
+    if not path.exists():
         return []
-    rows = [json.loads(line) for line in CALIBRATION_RUNS.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if all(r.get(k) == v for k, v in key.items())]
+
+
+def keep_run(record: dict, path: Path | None = None) -> None:
+    path = path or CALIBRATION_RUNS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class ReportedRuns:
+    """Job R's reported runs (hours on a CPU, longer than a session) kept as each ends, so a rerun
+    goes on where one was cut off: only on the same committed code, CPU model, steps and chosen
+    settings, each run keeping the commit and date it ran at. The toy jobs start from an SFT made
+    in the run's own folder, which a later run would not share, so they always run whole."""
+
+    def __init__(self, job: str, steps: int, settings: dict[str, str]):
+        self.identity = {"job": job, "code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps, "settings": settings} \
+            if job == "r" else None
+        self.kept = {(r["system"], r["seed"]): r for r in kept_runs(self.identity, REPORTED_RUNS)} if self.identity else {}
+        if self.kept:
+            print(f"job {job}: {len(self.kept)} run(s) kept from before (same code, CPU, steps and settings): {sorted(self.kept)}")
+
+    def run(self, system: str, seed: int, go) -> dict:
+        """`go()`'s result for this system and seed, or the kept one; with the commit and date it ran at."""
+        if (system, seed) in self.kept:
+            return self.kept[(system, seed)]["run"]
+        record = {"system": system, "seed": seed, "git_commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "run": go()}
+        if self.identity:
+            keep_run({**self.identity, **record}, REPORTED_RUNS)
+        self.kept[(system, seed)] = record
+        return record["run"]
+
+    def commit(self, system: str, seed: int) -> str:
+        return self.kept[(system, seed)]["git_commit"]
 
 
 def calibrate(steps: int) -> None:
@@ -373,9 +412,7 @@ def calibrate(steps: int) -> None:
                            "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"]),
                            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit()}
                     rows.append(row)
-                    CALIBRATION_RUNS.parent.mkdir(parents=True, exist_ok=True)
-                    with CALIBRATION_RUNS.open("a") as f:
-                        f.write(json.dumps({**row, **identity}) + "\n")
+                    keep_run({**row, **identity})
     by_setting: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         by_setting.setdefault((r["system"], r["setting"]), []).append(r["steps_per_s"])
@@ -428,14 +465,15 @@ def main() -> None:
             sft = make_sft(job, work)
             runs: dict[str, list[dict]] = {"trl": [], **{mode: [] for mode in JOBS[job]["modes"]}}
             trl_setting, flashq_setting = (chosen["trl"], chosen["flashq"]) if job == "r" else ("default", "turns")
+            kept = ReportedRuns(job, steps[job], {"trl": trl_setting, "flashq": flashq_setting})
             for seed in range(args.seeds):  # the systems take turns
-                runs["trl"].append(run_trl(job, work, sft, steps[job], seed, trl_setting))
+                runs["trl"].append(kept.run("trl", seed, lambda: run_trl(job, work, sft, steps[job], seed, trl_setting)))
                 for mode in JOBS[job]["modes"]:
-                    runs[mode].append(run_flashq(job, mode, work, sft, steps[job], seed, flashq_setting))
+                    runs[mode].append(kept.run(mode, seed, lambda: run_flashq(job, mode, work, sft, steps[job], seed, flashq_setting)))
             new_rows, batch = [], samples_per_step(job, work)
             for system, rs in runs.items():
                 for seed, r in enumerate(rs):
-                    new_rows.append({"job": job, "git_commit": commit, "cpu_model": cpu, "system": system, "seed": seed, "steps": steps[job],
+                    new_rows.append({"job": job, "git_commit": kept.commit(system, seed), "cpu_model": cpu, "system": system, "seed": seed, "steps": steps[job],
                                      "wall_s": r["wall_s"], "steps_per_s": steps[job] / r["wall_s"],
                                      "samples_per_s": steps[job] * batch / r["wall_s"],
                                      "final_reward": final_reward(r["curve"])})

@@ -40,3 +40,38 @@ def test_an_interrupted_calibration_keeps_only_runs_of_the_same_code_cpu_and_ste
     runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [(r["system"], r["setting"]) for r in vs_trl.kept_runs(here)] == [("trl", "default")]
     assert vs_trl.kept_runs({**here, "code": "newer"}) == []
+
+
+def test_reported_job_r_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch):
+    """Job R's reported runs outlast a session: each finished run is kept with the commit it ran
+    at and reused only under the same code, CPU, steps and settings; toy jobs keep nothing."""
+    import bench.vs_trl as vs_trl
+
+    monkeypatch.setattr(vs_trl, "REPORTED_RUNS", tmp_path / "runs.jsonl")
+    monkeypatch.setattr(vs_trl, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(vs_trl, "git_commit", lambda: "c1")
+    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "abc")
+    settings = {"trl": "paged", "flashq": "turns"}
+    calls = []
+
+    def go(name):
+        def run():
+            calls.append(name)
+            return {"wall_s": 1.0, "curve": [[0.5, 0.1]], "name": name}
+        return run
+
+    first = vs_trl.ReportedRuns("r", 40, settings)
+    assert first.run("trl", 0, go("trl0"))["name"] == "trl0"
+    monkeypatch.setattr(vs_trl, "git_commit", lambda: "c2")  # a later commit that left the code as it was
+    again = vs_trl.ReportedRuns("r", 40, settings)
+    assert again.run("trl", 0, go("trl0 again"))["name"] == "trl0"
+    assert again.commit("trl", 0) == "c1"
+    assert again.run("flashq", 0, go("flashq0"))["name"] == "flashq0"
+    assert calls == ["trl0", "flashq0"]
+    for changed in [dict(job="r", steps=12, settings=settings), dict(job="r", steps=40, settings={**settings, "trl": "default"})]:
+        assert vs_trl.ReportedRuns(changed["job"], changed["steps"], changed["settings"]).kept == {}
+    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "newer")
+    assert vs_trl.ReportedRuns("r", 40, settings).kept == {}
+    toy = vs_trl.ReportedRuns("a", 40, settings)
+    toy.run("trl", 0, go("a0"))
+    assert vs_trl.ReportedRuns("a", 40, settings).kept == {} and len(calls) == 3
