@@ -84,6 +84,7 @@ _CHECKPOINTING = ["trainer.gradient_checkpointing=true"]
 FLASHQ_SETTINGS = {"turns": [], "split": _SPLIT, "turns_checkpointing": _CHECKPOINTING, "split_checkpointing": [*_SPLIT, *_CHECKPOINTING]}
 # Job R asks for the working, so answers run to a few dozen tokens, as real tasks' do.
 JOB_R_INSTRUCTION = "Show the working in one or two short sentences, then give the final answer inside <answer></answer> tags."
+JOB_R_REWARD = "flashq.rewards.reasoning_gym:score_accuracy_and_format"
 # the figure names of a job's other modes (its headline's have none); job A's second mode is how pushes paused
 # before they were received while generating (issue 52 item 3)
 SUFFIX = {"flashq": "_quickstart_settings", "flashq, receiving in the pause": "_receiving_in_pause"}
@@ -91,9 +92,10 @@ SUFFIX = {"flashq": "_quickstart_settings", "flashq, receiving in the pause": "_
 
 def job_overrides(job: str, work: Path) -> list[str]:
     """flashq config overrides that make the job's config run `job`; TRL reads the same config."""
-    if job == "r":  # TRL has no dynamic sampling nor evaluation rounds: neither system uses them
+    if job == "r":  # TRL has no dynamic sampling nor evaluation rounds: neither system uses them. Without dynamic
+        # sampling the example's reward (right answers in the tags) gives SmolLM2 no signal: an accuracy and a format reward
         return ["eval=null", "sampling.max_tokens=96", "sampling.group_size=4", "trainer.batch_groups=8", "trainer.dynamic_sampling=false",
-                f"task.reasoning_gym.instruction={JOB_R_INSTRUCTION}"]
+                f"task.reasoning_gym.instruction={JOB_R_INSTRUCTION}", f"reward.function={JOB_R_REWARD}"]
     if job == "a":
         return ["eval=null"]  # TRL does not evaluate, and would train on the held-out sums
     path = work / "repeat.jsonl"

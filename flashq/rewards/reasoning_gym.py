@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def extract_answer(text: str) -> str | None:
@@ -38,3 +39,26 @@ def score_with_format(task: dict, response: str) -> float:
     if not extract_answer(response):
         return 0.0
     return max(score(task, response), FORMAT_CREDIT)
+
+
+ACCURACY_WEIGHT, TAGS_WEIGHT = 0.8, 0.2
+
+
+def score_accuracy_and_format(task: dict, response: str) -> float:
+    """An accuracy reward plus a format reward, the usual GRPO recipe (TRL's examples sum the two),
+    for a model that rarely uses the tags: the answer is the last non-empty <answer> span or, with
+    none, the response's last number; `ACCURACY_WEIGHT` for the checker accepting it and
+    `TAGS_WEIGHT` for giving it inside the tags. SmolLM2-135M-Instruct asked to show its working
+    ends on the right number in ~8% of samples at T = 1 but answers in the tags in none of them, so
+    under `score_with_format` a group is all 0 and, without dynamic sampling, nothing is learned.
+    A response passes (greedy accuracy, pass@k) only at 1: right and in the tags."""
+    import reasoning_gym
+
+    tagged = extract_answer(response)
+    numbers = _NUMBER.findall(response)
+    answer = tagged or (numbers[-1] if numbers else None)
+    if not answer:
+        return 0.0
+    entry = task["rg_entry"]
+    right = float(reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])(answer, entry)) >= 1.0
+    return ACCURACY_WEIGHT * right + (TAGS_WEIGHT if tagged else 0.0)

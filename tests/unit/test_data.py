@@ -82,3 +82,17 @@ def test_chat_messages_with_and_without_system_prompt():
     task = {"prompt": "1+1="}
     assert chat_messages(task, None) == [{"role": "user", "content": "1+1="}]
     assert chat_messages(task, "Be brief.")[0] == {"role": "system", "content": "Be brief."}
+
+
+def test_accuracy_and_format_reward_pays_the_right_number_and_the_tags_apart():
+    from flashq.rewards.reasoning_gym import ACCURACY_WEIGHT, TAGS_WEIGHT, score_accuracy_and_format
+
+    cfg = TaskConfig(kind="reasoning_gym", seed=5, reasoning_gym=ReasoningGymConfig(name="basic_arithmetic", size=50))
+    t = make_task_source(cfg).task(0)
+    right, wrong = str(t["answer"]), str(int(t["answer"]) + 1)
+    assert score_accuracy_and_format(t, f"So the sum is {right}. <answer>{right}</answer>") == 1.0  # passes
+    assert score_accuracy_and_format(t, f"It comes to {wrong}, no, to {right}.") == ACCURACY_WEIGHT  # the last number, untagged
+    assert score_accuracy_and_format(t, f"{right}? I make it {wrong}") == 0.0
+    assert score_accuracy_and_format(t, f"{right} <answer>{wrong}</answer>") == TAGS_WEIGHT  # the tags' answer is the answer
+    assert score_accuracy_and_format(t, f"<answer></answer> {right}") == ACCURACY_WEIGHT  # empty tags earn nothing
+    assert score_accuracy_and_format(t, "no number here") == 0.0
