@@ -68,6 +68,10 @@ def _parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParse
     report = sub.add_parser("report", help="write report.png and summary.json for a run directory")
     report.add_argument("run_dir", type=Path, help="a run's directory (runs/NAME-TIMESTAMP)")
 
+    samples = sub.add_parser("samples", help="print a run's latest scored responses with their rewards (log.samples_every)")
+    samples.add_argument("run_dir", type=Path, help="a run's directory (runs/NAME-TIMESTAMP)")
+    samples.add_argument("-n", "--count", type=int, default=5, help="how many, the latest (default 5)")
+
     sim = sub.add_parser("sim", help="simulate a run: predicted step time and throughput over a grid of settings")
     sim.add_argument("config", type=Path, help="YAML config of the run to simulate")
     sim.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied before the grid")
@@ -140,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
             png, text = write_report(args.run_dir)
             print(f"{text}\nplot: {png}")
             return 0
+        if args.command == "samples":
+            from flashq.reporting.samples import print_samples
+
+            if not args.run_dir.is_dir():
+                raise ConfigError(f"{args.run_dir}: no such run directory")
+            return print_samples(args.run_dir, args.count)
         return _role(args)
     except (ConfigError, ModelSourceError) as e:
         print(f"flashq: {e}", file=sys.stderr)

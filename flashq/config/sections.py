@@ -409,6 +409,10 @@ class LogConfig(Section):
     progress_every: int = Field(0, ge=0, description="Log a progress line every N steps; 0: about 40 lines per run.")
     level: Literal["DEBUG", "INFO", "WARNING"] = Field("INFO", description="flashq's own log level.")
     request_trace: bool = Field(False, description="Write requests.jsonl: when each response was sent and finished.")
+    samples_every: int = Field(
+        16, ge=0, description="Keep one scored response in every N (the 1st, N+1th, ...) with its prompt, reward and policy "
+        "versions in samples-<reward worker>.jsonl, to read what the model writes (`flashq samples RUN_DIR`); 0: none."
+    )
     token_audit: bool = Field(
         False, description="Record every token id an engine sampled for an agent (sampled-<worker>.jsonl) and every id the "
         "trainer trained (in trained.jsonl), to check that nothing sampled changed on its way (bench/openai_agent.py)."

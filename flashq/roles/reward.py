@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from flashq.config import FlashqConfig
 from flashq.reporting.metrics import BusyClock
+from flashq.reporting.samples import SampleLog
 from flashq.rewards.runner import RewardFailed, RewardRunner
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
 from flashq.wire.protocol import Heartbeat, RewardResult, ScoreRequest, Shutdown, WorkerStats
@@ -30,11 +32,14 @@ class RewardScorer:
         self.runner = runner
         self.decode = decode
 
+    def text(self, req: ScoreRequest) -> str:
+        return req.sample.text if req.sample.text is not None else self.decode(req.sample.token_ids)
+
     async def score(self, req: ScoreRequest) -> RewardResult:
         t0 = time.monotonic()
         rid = req.sample.request_id
         try:
-            text = req.sample.text if req.sample.text is not None else self.decode(req.sample.token_ids)
+            text = self.text(req)
             value = float(await self.runner(req.task, text))
             if value != value or value in (float("inf"), float("-inf")):
                 raise ValueError(f"reward function returned {value}")
@@ -57,6 +62,8 @@ class RewardWorker:
         self.scored = 0
         self.errors = 0
         self.tokenizer = None
+        every, run_dir = cfg.log.samples_every, cfg.log.run_dir
+        self.samples = SampleLog(Path(run_dir) / f"samples-{role}.jsonl", every) if every and run_dir is not None else None
 
     async def run(self) -> None:
         rc = self.cfg.reward
@@ -69,6 +76,8 @@ class RewardWorker:
             await serve_until_done(self._serve, heartbeat(self.link, self.cfg), self._report_stats())
         finally:
             runner.close()
+            if self.samples is not None:
+                self.samples.close()
 
     def _decode(self, ids) -> str:
         """For a sample that arrives without its text; the tokenizer loads on first use only."""
@@ -97,11 +106,20 @@ class RewardWorker:
         finally:
             self.clock.end()
         self.scored += 1
+        if self.samples is not None and self.samples.due():
+            self._keep_sample(req, result)
         if result.error:
             self.errors += 1
             if self.errors <= 10 or self.errors % 100 == 0:
                 log.warning("reward for %s failed (%d so far): %s", result.request_id, self.errors, result.error)
         await self.link.send(result)
+
+    def _keep_sample(self, req: ScoreRequest, result: RewardResult) -> None:
+        try:
+            text = self.scorer.text(req)
+        except Exception:  # noqa: BLE001 - the score already carries the decode's error
+            text = None
+        self.samples.write(req, text, result)
 
     async def _report_stats(self) -> None:
         while True:

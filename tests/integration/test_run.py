@@ -75,6 +75,10 @@ def test_async_run_keeps_staleness_bounded_and_trains_every_sample_once(tmp_path
     assert max(vmax for _, _, _, vmax in trained) > 0  # the engines served new weight versions
     assert max(version - vmin for version, _, vmin, _ in trained) >= 1  # and generation ran ahead
     assert sent and sum(ledger["rejected_frames"].values()) > 0  # garbage was refused and counted
+    # one scored response in every log.samples_every (16) kept as text, with its reward
+    kept = [r for path in tmp_path.glob("samples-reward-*.jsonl") for r in read_jsonl(path)]
+    assert len(kept) >= 8 * 4 * 4 // 16 and all(r["response"] and r["prompt"] and r["versions"] for r in kept)
+    assert {r["reward"] for r in kept} <= {0.0, 1.0}  # the quickstart's exact match
 
 
 def test_sync_run_is_on_policy_and_evaluates_and_samples_dynamically(tmp_path):
