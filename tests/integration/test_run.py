@@ -77,7 +77,9 @@ def test_async_run_keeps_staleness_bounded_and_trains_every_sample_once(tmp_path
     assert sent and sum(ledger["rejected_frames"].values()) > 0  # garbage was refused and counted
     # one scored response in every log.samples_every (16) kept as text, with its reward
     kept = [r for path in tmp_path.glob("samples-reward-*.jsonl") for r in read_jsonl(path)]
-    assert len(kept) >= 8 * 4 * 4 // 16 and all(r["response"] and r["prompt"] and r["versions"] for r in kept)
+    assert len(kept) >= 8 * 4 * 4 // 16  # (the untrained tiny model writes bytes, or nothing before its end token)
+    assert all(isinstance(r["response"], str) and r["prompt"] and r["tokens"] >= 1 and len(r["versions"]) == 2 for r in kept)
+    assert max(r["versions"][1] for r in kept) > 0  # kept all through the run, not only at its start
     assert {r["reward"] for r in kept} <= {0.0, 1.0}  # the quickstart's exact match
 
 
