@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from flashq.config import FlashqConfig
@@ -33,6 +34,31 @@ from flashq.wire.protocol import (
 from flashq.wire.transport import Link, PeerLost
 
 log = logging.getLogger("flashq.rollout")
+
+
+STALL_PUSH_ENV = "FLASHQ_FAULT_STALL_PUSH"
+
+
+def stall_engine_at_push(version: int, loop: asyncio.AbstractEventLoop) -> bool:
+    """Fault injection for tests: with FLASHQ_FAULT_STALL_PUSH="<version>:<seconds>" the engine
+    processes under this worker are stopped (SIGSTOP) as push `version` first arrives and continued
+    `seconds` later, so a push meets a stalled engine at a known moment instead of by chance (the
+    worker itself goes on heartbeating, as it does when an engine hangs). Whether it stopped them."""
+    spec = os.environ.get(STALL_PUSH_ENV)
+    if not spec or getattr(stall_engine_at_push, "done", False):
+        return False
+    at, seconds = spec.split(":")
+    if int(at) != version:
+        return False
+    import psutil
+
+    stall_engine_at_push.done = True  # the retry of the same version finds the engine running again
+    stopped = psutil.Process().children(recursive=True)
+    for p in stopped:
+        p.suspend()
+    loop.call_later(float(seconds), lambda: [p.resume() for p in stopped])
+    log.warning("%s set: engine processes %s stopped for %ss at push %d", STALL_PUSH_ENV, [p.pid for p in stopped], seconds, version)
+    return True
 
 
 async def answer(engine: RolloutEngine, req: GenerateRequest, timeout_s: float | None) -> Sample:
@@ -159,6 +185,8 @@ class RolloutWorker:
     async def _weight_sync(self, call: WeightSyncCall) -> None:
         async with self.sync_lock:
             t0 = time.monotonic()
+            if call.method == "push_weights":
+                stall_engine_at_push(call.version, asyncio.get_running_loop())
             try:
                 await self.engine.weight_sync(call.method, call.payload, call.version)
                 reply = WeightSyncReply(call.call_id, ok=True, seconds=time.monotonic() - t0)

@@ -21,11 +21,11 @@ class Run:
 
     started: list["Run"] = []
 
-    def __init__(self, run_dir, overrides):
+    def __init__(self, run_dir, overrides, env: dict[str, str] | None = None):
         Run.started.append(self)
         self.run_dir = run_dir
         self.proc = subprocess.Popen(launch_cmd(run_dir, overrides), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                                     text=True, env=dict(os.environ, HF_HUB_OFFLINE="1", **(env or {})))
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self.reader.start()
@@ -142,28 +142,20 @@ def test_a_killed_rank_of_a_two_rank_trainer_resumes_the_run_from_its_checkpoint
 
 
 def test_a_push_to_an_engine_stalled_past_the_deadline_is_retried_on_a_group_rebuilt_for_the_same_workers(tmp_path):
-    """An engine that stops answering mid-run (its engine core stopped with SIGSTOP; the rollout
-    worker itself still heartbeats, so no worker is declared lost) makes a push outlive
-    weight_sync.timeout_s. The trainer, hearing of no lost
-    worker, rebuilds the transfer group for the same workers once they answer again and pushes
-    the version again: no worker restarted, the trainer never resumed, nothing lost or trained
-    twice. (On NCCL the same deadline aborts the communicator, flashq.engine.push_deadline; gloo's
-    collectives time out by themselves.)"""
-    import psutil
+    """An engine that stops answering mid-run (its engine core stopped with SIGSTOP as push 3
+    arrives, continued 15 s later: FLASHQ_FAULT_STALL_PUSH; the rollout worker itself still
+    heartbeats, so no worker is declared lost) makes a push outlive weight_sync.timeout_s. The
+    trainer, hearing of no lost worker, rebuilds the transfer group for the same workers once they
+    answer again and pushes the version again: no worker restarted, the trainer never resumed,
+    nothing lost or trained twice. (On NCCL the same deadline aborts the communicator,
+    flashq.engine.push_deadline; gloo's collectives time out by themselves.) Stopping the engine at
+    a moment the test picked instead raced the trainer: waiting for a batch, it pushed nothing."""
+    from flashq.roles.rollout import STALL_PUSH_ENV
 
     run = Run(tmp_path, ["async_ratio=1", "trainer.steps=30", "rollout.num_workers=1", "weight_sync.timeout_s=5",
-                         "fault.worker_timeout_s=10"])
-    run.wait_steps(3)
-    worker = psutil.Process(run.pid("rollout-0"))
-    stalled = worker.children(recursive=True)  # vLLM's engine core
-    assert stalled, "the rollout worker has no engine process to stop"
-    for p in stalled:
-        p.suspend()
-    try:
-        run.wait_for("failed (", timeout=120)  # "weight push N failed (...); waiting for the rollout workers to regroup"
-    finally:
-        for p in stalled:
-            p.resume()
+                         "fault.worker_timeout_s=10"], env={STALL_PUSH_ENV: "3:15"})
+    run.wait_for("engine processes", timeout=300)  # the worker stopped its engine core as push 3 arrived
+    run.wait_for("failed (", timeout=120)  # "weight push 3 failed (...); waiting for the rollout workers to regroup"
     rebuilt = run.wait_for("weight transfer group rebuilt for every rollout worker (push", timeout=300)
     assert "failed" in rebuilt
     rc = run.proc.wait(timeout=600)
