@@ -21,14 +21,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import keep_earlier, print_table, write_result  # noqa: E402
-from bench.vs_trl import ENV, FLASHQ_SETTINGS, REAL_CONFIG, breakdown, final_reward, step_rows  # noqa: E402
+from bench.vs_trl import ENV, FLASHQ_SETTINGS, REAL_CONFIG, breakdown, final_reward, timed_launch  # noqa: E402
 
 COLOCATE = ["async_ratio=0", "placement.colocate=true", "placement.rollout_nice=0"]  # both on both cores, by protocol
 MODES = {"colocate": COLOCATE, "turns": FLASHQ_SETTINGS["turns"], "split": FLASHQ_SETTINGS["split"]}
@@ -38,12 +37,7 @@ def run(mode: str, work: Path, steps: int, seed: int) -> dict:
     run_dir = work / f"{mode}-{seed}"
     cmd = [sys.executable, "-m", "flashq.cli", "launch", str(REAL_CONFIG), "--no-progress", f"log.run_dir={run_dir}", "eval=null",
            f"trainer.steps={steps}", f"seed={seed}", f"task.seed={seed}", f"trainer.seed={seed}", *MODES[mode]]
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode} run failed:\n{proc.stdout[-4000:]}")
-    rows = step_rows(run_dir)
+    _, wall, rows = timed_launch(cmd, run_dir, f"{mode} run")
     parts = breakdown(rows)
     return {"mode": mode, "seed": seed, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
             "final_reward": final_reward([(r["time"], r["reward/mean"]) for r in rows]),

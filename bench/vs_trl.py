@@ -140,16 +140,21 @@ def step_rows(run_dir: Path) -> list[dict]:
     return [r for r in rows if r.get("kind") == "step"]
 
 
-def run_flashq(job: str, mode: str, work: Path, sft: Path, steps: int, seed: int, setting: str = "turns") -> dict:
-    run_dir = work / f"flashq-{job}-{list(JOBS[job]['modes']).index(mode)}-{seed}-{setting}"
-    cmd = flashq_command(job, mode, work, run_dir, sft, steps, seed, setting)
+def timed_launch(cmd: list[str], run_dir: Path, what: str = "flashq run") -> tuple[float, float, list[dict]]:
+    """One whole `flashq launch` command: when it started, its wall seconds and its step rows. Its
+    final checkpoint is deleted (1.6 GB on the real model; the metrics are all a benchmark reads)."""
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
     wall = time.time() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"flashq run failed:\n{proc.stdout[-4000:]}")
-    steps_rows = step_rows(run_dir)
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # job R's final checkpoint is 1.6 GB; the metrics are all we read
+        raise SystemExit(f"{what} failed:\n{proc.stdout[-4000:]}")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return t0, wall, step_rows(run_dir)
+
+
+def run_flashq(job: str, mode: str, work: Path, sft: Path, steps: int, seed: int, setting: str = "turns") -> dict:
+    run_dir = work / f"flashq-{job}-{list(JOBS[job]['modes']).index(mode)}-{seed}-{setting}"
+    t0, wall, steps_rows = timed_launch(flashq_command(job, mode, work, run_dir, sft, steps, seed, setting), run_dir)
     return {"wall_s": wall, "curve": [(r["time"] - t0, r["reward/mean"]) for r in steps_rows], "breakdown": breakdown(steps_rows),
             "lengths": response_lengths(run_dir / "trained.jsonl", steps)}
 
