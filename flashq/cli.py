@@ -70,7 +70,7 @@ def _parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParse
 
     samples = sub.add_parser("samples", help="print a run's latest scored responses with their rewards (log.samples_every)")
     samples.add_argument("run_dir", type=Path, help="a run's directory (runs/NAME-TIMESTAMP)")
-    samples.add_argument("-n", "--count", type=int, default=5, help="how many, the latest (default 5)")
+    samples.add_argument("--count", type=int, default=5, help="how many, the latest")
 
     sim = sub.add_parser("sim", help="simulate a run: predicted step time and throughput over a grid of settings")
     sim.add_argument("config", type=Path, help="YAML config of the run to simulate")

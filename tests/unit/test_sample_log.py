@@ -53,7 +53,7 @@ def test_flashq_samples_prints_the_text_as_written(tmp_path):
     log = SampleLog(tmp_path / "samples-reward-0.jsonl", every=1)
     log.write(request(5), "[bold]not markup[/bold] <answer>6</answer>", RewardResult("g5/0", 1.0))
     log.close()
-    out = subprocess.run([sys.executable, "-m", "flashq.cli", "samples", str(tmp_path), "-n", "1"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "flashq.cli", "samples", str(tmp_path), "--count", "1"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "[bold]not markup[/bold] <answer>6</answer>" in out.stdout and "reward 1.000" in out.stdout
     empty = subprocess.run([sys.executable, "-m", "flashq.cli", "samples", str(tmp_path / "nowhere")], capture_output=True, text=True)
