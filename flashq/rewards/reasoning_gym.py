@@ -13,16 +13,18 @@ def extract_answer(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def score(task: dict, response: str) -> float:
-    """The generator's `score_answer` on the last <answer>...</answer> span (0 if none)."""
+def check(task: dict, answer: str) -> float:
+    """The task's generator's own `score_answer` on `answer`."""
     import reasoning_gym
 
     entry = task["rg_entry"]
+    return float(reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])(answer, entry))
+
+
+def score(task: dict, response: str) -> float:
+    """The generator's `score_answer` on the last <answer>...</answer> span (0 if none)."""
     answer = extract_answer(response)
-    if answer is None:
-        return 0.0
-    fn = reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])
-    return float(fn(answer, entry))
+    return 0.0 if answer is None else check(task, answer)
 
 
 FORMAT_CREDIT = 0.1
@@ -46,19 +48,16 @@ ACCURACY_WEIGHT, TAGS_WEIGHT = 0.8, 0.2
 
 def score_accuracy_and_format(task: dict, response: str) -> float:
     """An accuracy reward plus a format reward, the usual GRPO recipe (TRL's examples sum the two),
-    for a model that rarely uses the tags: the answer is the last non-empty <answer> span or, with
-    none, the response's last number; `ACCURACY_WEIGHT` for the checker accepting it and
+    for a model that rarely uses the tags: the answer is the last <answer> span or, when there is
+    none or it is empty, the response's last number; `ACCURACY_WEIGHT` for the checker accepting it and
     `TAGS_WEIGHT` for giving it inside the tags. SmolLM2-135M-Instruct asked to show its working
     ends on the right number in ~8% of samples at T = 1 but answers in the tags in none of them, so
     under `score_with_format` a group is all 0 and, without dynamic sampling, nothing is learned.
     A response passes (greedy accuracy, pass@k) only at 1: right and in the tags."""
-    import reasoning_gym
-
     tagged = extract_answer(response)
     numbers = _NUMBER.findall(response)
     answer = tagged or (numbers[-1] if numbers else None)
     if not answer:
         return 0.0
-    entry = task["rg_entry"]
-    right = float(reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])(answer, entry)) >= 1.0
+    right = check(task, answer) >= 1.0
     return ACCURACY_WEIGHT * right + (TAGS_WEIGHT if tagged else 0.0)

@@ -39,26 +39,29 @@ log = logging.getLogger("flashq.rollout")
 STALL_PUSH_ENV = "FLASHQ_FAULT_STALL_PUSH"
 
 
-def stall_engine_at_push(version: int, loop: asyncio.AbstractEventLoop) -> bool:
+def stall_engine_at_push(version: int, loop: asyncio.AbstractEventLoop) -> None:
     """Fault injection for tests: with FLASHQ_FAULT_STALL_PUSH="<version>:<seconds>" the engine
     processes under this worker are stopped (SIGSTOP) as push `version` first arrives and continued
     `seconds` later, so a push meets a stalled engine at a known moment instead of by chance (the
-    worker itself goes on heartbeating, as it does when an engine hangs). Whether it stopped them."""
+    worker itself goes on heartbeating, as it does when an engine hangs). Once: the variable is
+    taken out, so the retry of the same version finds the engine running again."""
     spec = os.environ.get(STALL_PUSH_ENV)
-    if not spec or getattr(stall_engine_at_push, "done", False):
-        return False
-    at, seconds = spec.split(":")
-    if int(at) != version:
-        return False
+    if not spec:
+        return
+    try:
+        at, seconds = int(spec.split(":")[0]), float(spec.split(":")[1])
+    except (IndexError, ValueError):
+        raise ValueError(f"{STALL_PUSH_ENV}={spec!r}: expected <version>:<seconds>") from None
+    if at != version:
+        return
     import psutil
 
-    stall_engine_at_push.done = True  # the retry of the same version finds the engine running again
+    del os.environ[STALL_PUSH_ENV]
     stopped = psutil.Process().children(recursive=True)
     for p in stopped:
         p.suspend()
-    loop.call_later(float(seconds), lambda: [p.resume() for p in stopped])
-    log.warning("%s set: engine processes %s stopped for %ss at push %d", STALL_PUSH_ENV, [p.pid for p in stopped], seconds, version)
-    return True
+    loop.call_later(seconds, lambda: [p.resume() for p in stopped])
+    log.warning("%s set: engine processes %s stopped for %gs at push %d", STALL_PUSH_ENV, [p.pid for p in stopped], seconds, version)
 
 
 async def answer(engine: RolloutEngine, req: GenerateRequest, timeout_s: float | None) -> Sample:
@@ -185,9 +188,9 @@ class RolloutWorker:
     async def _weight_sync(self, call: WeightSyncCall) -> None:
         async with self.sync_lock:
             t0 = time.monotonic()
-            if call.method == "push_weights":
-                stall_engine_at_push(call.version, asyncio.get_running_loop())
             try:
+                if call.method == "push_weights":
+                    stall_engine_at_push(call.version, asyncio.get_running_loop())
                 await self.engine.weight_sync(call.method, call.payload, call.version)
                 reply = WeightSyncReply(call.call_id, ok=True, seconds=time.monotonic() - t0)
             except Exception as e:  # noqa: BLE001 - reported to the trainer, which stops the run
