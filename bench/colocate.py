@@ -10,6 +10,9 @@ every other role on core 1: bench/vs_trl.py's split setting). The modes take tur
 nothing is chosen from these runs. Figures: steps/s of the whole command, colocated over each
 other mode, and the final reward (mean of the last 10% of steps) of each.
 
+The six runs take about 75 minutes; each is kept as it ends (RUNS), so a rerun cut off goes on
+where it stopped, on the same committed code, kind of CPU and steps.
+
     python bench/colocate.py                      # writes bench/results/colocate.json
 """
 
@@ -21,16 +24,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
-from bench.vs_trl import ENV, FLASHQ_SETTINGS, REAL_CONFIG, breakdown, final_reward, timed_launch  # noqa: E402
+from bench.common import cpu_model, git_commit, keep_earlier, print_table, write_result  # noqa: E402
+from bench.vs_trl import (ENV, FLASHQ_SETTINGS, REAL_CONFIG, breakdown, code_fingerprint, final_reward,  # noqa: E402
+                          keep_run, kept_runs, timed_launch)
 
 COLOCATE = ["async_ratio=0", "placement.colocate=true", "placement.rollout_nice=0"]  # both on both cores, by protocol
 MODES = {"colocate": COLOCATE, "turns": FLASHQ_SETTINGS["turns"], "split": FLASHQ_SETTINGS["split"]}
+RUNS = ROOT / ".cache" / "flashq" / "colocate_runs.jsonl"  # each finished run, kept as it ends
 
 
 def run(mode: str, work: Path, steps: int, seed: int) -> dict:
@@ -45,6 +51,24 @@ def run(mode: str, work: Path, steps: int, seed: int) -> dict:
             "engine_generating_s": parts["engine_generating_s"], "engine_idle_s": parts["engine_idle_s"]}
 
 
+def measured_runs(steps: int, seeds: list[int]) -> list[dict]:
+    """Every mode at every seed, the modes taking turns seed by seed; a run kept from before (same
+    committed code, CPU model and steps) is taken as it was, each new one kept as it ends."""
+    identity = {"code": code_fingerprint("bench/colocate.py"), "cpu_model": cpu_model(), "steps": steps}
+    kept = {(r["mode"], r["seed"]): {k: v for k, v in r.items() if k not in identity or k == "steps"}
+            for r in kept_runs(identity, RUNS)}
+    if kept:
+        print(f"{len(kept)} run(s) kept from before (same code, CPU and steps): {sorted(kept)}")
+    with tempfile.TemporaryDirectory(prefix="flashq-colocate-") as tmp:
+        for seed in seeds:
+            for mode in MODES:
+                if (mode, seed) not in kept:
+                    row = {**run(mode, Path(tmp), steps, seed), "git_commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                    keep_run({**identity, **row}, RUNS)
+                    kept[(mode, seed)] = row
+    return [kept[(mode, seed)] for seed in seeds for mode in MODES]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=24)
@@ -52,8 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     subprocess.run([sys.executable, "-m", "flashq.cli", "fetch", str(REAL_CONFIG)], cwd=ROOT, env=ENV, check=True,
                    capture_output=True)  # fetched once, before any run is timed
-    with tempfile.TemporaryDirectory(prefix="flashq-colocate-") as tmp:
-        rows = [run(mode, Path(tmp), args.steps, seed) for seed in args.seeds for mode in MODES]
+    rows = measured_runs(args.steps, args.seeds)
     mean = lambda mode, key: statistics.mean(r[key] for r in rows if r["mode"] == mode)  # noqa: E731
     print_table(f"real-model job on 2 CPU cores, {args.steps} steps: colocated turns against the other placements", rows,
                 [("mode", "placement", ""), ("seed", "seed", "d"), ("wall_s", "wall s", ".0f"), ("steps_per_s", "steps/s", ".3f"),
@@ -68,7 +91,8 @@ def main() -> None:
     path = write_result("colocate", rows, keep_earlier("colocate", figures),
                         notes="Whole `flashq launch` commands (start-up included) of configs/smollm2_arithmetic.yaml with "
                               "evaluation off; colocate at async_ratio 0 (turns leave nothing to overlap), turns and split "
-                              "at the config's async_ratio 2. Per-step parts are means after each run's first 10% of steps.")
+                              "at the config's async_ratio 2. Per-step parts are means after each run's first 10% of steps. "
+                              "Each row has the commit and date it ran at (a run cut off goes on where it stopped).")
     print(f"figures: {json.dumps(figures, indent=1)}\nwrote {path}")
 
 

@@ -337,10 +337,11 @@ CALIBRATION_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_calibration_runs.jsonl" 
 REPORTED_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_job_r_runs.jsonl"  # job R's reported runs, likewise
 
 
-def code_fingerprint() -> str:
+def code_fingerprint(*extra: str) -> str:
     """What a calibration run's speed depends on: flashq, the configs and the benchmark's own
-    files as committed (a commit that changes only docs or other benchmarks keeps it)."""
-    paths = ["flashq", "configs", "bench/vs_trl.py", "bench/trl_runner.py", "bench/common.py"]
+    files (`extra` for another benchmark's) as committed (a commit that changes only docs or
+    other benchmarks keeps it)."""
+    paths = ["flashq", "configs", "bench/vs_trl.py", "bench/trl_runner.py", "bench/common.py", *extra]
     out = subprocess.run(["git", "rev-parse", *(f"HEAD:{p}" for p in paths)], cwd=ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=ROOT, capture_output=True, text=True).stdout
     if out.returncode != 0 or dirty.strip():

@@ -1,6 +1,7 @@
 """bench/vs_trl.py gives both systems one optimizer: flashq's overrides decay exactly the
 parameters transformers' Trainer (TRL's) decays, on the model both train."""
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, Trainer
 
@@ -75,3 +76,38 @@ def test_reported_job_r_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch
     toy = vs_trl.ReportedRuns("a", 40, settings)
     toy.run("trl", 0, go("a0"))
     assert vs_trl.ReportedRuns("a", 40, settings).kept == {} and len(calls) == 3
+
+
+def test_colocate_benchmark_goes_on_where_it_was_cut_off(tmp_path, monkeypatch):
+    """bench/colocate.py's six runs take over an hour: those finished are kept and not run again,
+    on the same code, kind of CPU and steps only. (`run` is faked: this tests the bookkeeping.)"""
+    from bench import colocate
+
+    monkeypatch.setattr(colocate, "RUNS", tmp_path / "runs.jsonl")
+    monkeypatch.setattr(colocate, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(colocate, "git_commit", lambda: "c1")
+    monkeypatch.setattr(colocate, "code_fingerprint", lambda *extra: "abc")
+    calls, cut = [], [4]
+
+    def run(mode, work, steps, seed):
+        if len(calls) in cut:
+            cut.clear()
+            raise RuntimeError("cut off")  # the session ends during the fifth run
+        calls.append((mode, seed))
+        return {"mode": mode, "seed": seed, "steps": steps, "wall_s": 100.0 + len(calls)}
+
+    monkeypatch.setattr(colocate, "run", run)
+    with pytest.raises(RuntimeError, match="cut off"):
+        colocate.measured_runs(24, [0, 1])
+    assert len(calls) == 4
+    monkeypatch.setattr(colocate, "git_commit", lambda: "c2")  # a later commit that left the code as it was
+    rows = colocate.measured_runs(24, [0, 1])
+    assert len(calls) == 6 and calls[4:] == [("turns", 1), ("split", 1)]  # only the two not finished
+    assert [(r["mode"], r["seed"]) for r in rows] == [(m, s) for s in (0, 1) for m in colocate.MODES]
+    assert [r["git_commit"] for r in rows] == ["c1"] * 4 + ["c2"] * 2 and rows[0]["wall_s"] == 101.0
+    assert "code" not in rows[0] and "cpu_model" not in rows[0]
+    assert len(colocate.measured_runs(24, [0, 1])) == 6 and len(calls) == 6  # all kept now
+    colocate.measured_runs(12, [0])  # other steps: run again
+    monkeypatch.setattr(colocate, "code_fingerprint", lambda *extra: "newer")
+    colocate.measured_runs(24, [0])  # other code: run again
+    assert len(calls) == 12
