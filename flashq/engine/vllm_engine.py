@@ -323,3 +323,5 @@ class RolloutEngine:
                 pass
             self.llm.shutdown(timeout=10)
             self.llm = None
+        if self.draft_stats_path and os.path.exists(self.draft_stats_path):  # the proposer's counters, read by now
+            os.remove(self.draft_stats_path)

@@ -3,6 +3,7 @@ about what is sampled. Greedy output and its logprobs are exactly those of decod
 speculation; at temperature 1 the distribution of responses is the same (a chi-square test)."""
 
 import asyncio
+import os
 import shutil
 
 import numpy as np
@@ -32,8 +33,10 @@ async def generate_all(speculation: str, prompts: list[np.ndarray]):
             for i, p in enumerate(prompts) for k in range(4)])  # four siblings per prompt: a group to draft from
     finally:
         await engine.shutdown()
-        # and it ended cleanly
+        # and it ended cleanly, its proposer's counters file removed
         assert [c.exitcode for c in cores] == [0] * len(cores) and cores
+        if speculation == "grouped":
+            assert engine.draft_stats_path and not os.path.exists(engine.draft_stats_path)
 
 
 def test_grouped_speculation_is_lossless_under_greedy_decoding():
