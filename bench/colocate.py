@@ -24,19 +24,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_model, git_commit, keep_earlier, print_table, write_result  # noqa: E402
-from bench.vs_trl import (ENV, FLASHQ_SETTINGS, REAL_CONFIG, breakdown, code_fingerprint, final_reward,  # noqa: E402
-                          keep_run, kept_runs, timed_launch)
+from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, keep_earlier, print_table, write_result  # noqa: E402
+from bench.vs_trl import ENV, FLASHQ_SETTINGS, REAL_CONFIG, breakdown, final_reward, timed_launch  # noqa: E402
 
 COLOCATE = ["async_ratio=0", "placement.colocate=true", "placement.rollout_nice=0"]  # both on both cores, by protocol
 MODES = {"colocate": COLOCATE, "turns": FLASHQ_SETTINGS["turns"], "split": FLASHQ_SETTINGS["split"]}
-RUNS = ROOT / ".cache" / "flashq" / "colocate_runs.jsonl"  # each finished run, kept as it ends
+RUNS = KEPT / "colocate_runs.jsonl"  # each finished run, kept as it ends
 
 
 def run(mode: str, work: Path, steps: int, seed: int) -> dict:
@@ -54,19 +52,11 @@ def run(mode: str, work: Path, steps: int, seed: int) -> dict:
 def measured_runs(steps: int, seeds: list[int]) -> list[dict]:
     """Every mode at every seed, the modes taking turns seed by seed; a run kept from before (same
     committed code, CPU model and steps) is taken as it was, each new one kept as it ends."""
-    identity = {"code": code_fingerprint("bench/colocate.py"), "cpu_model": cpu_model(), "steps": steps}
-    kept = {(r["mode"], r["seed"]): {k: v for k, v in r.items() if k not in identity or k == "steps"}
-            for r in kept_runs(identity, RUNS)}
-    if kept:
-        print(f"{len(kept)} run(s) kept from before (same code, CPU and steps): {sorted(kept)}")
+    kept = KeptRuns(RUNS, {"code": code_fingerprint("bench/colocate.py", "bench/vs_trl.py"), "cpu_model": cpu_model(),
+                           "steps": steps})
     with tempfile.TemporaryDirectory(prefix="flashq-colocate-") as tmp:
-        for seed in seeds:
-            for mode in MODES:
-                if (mode, seed) not in kept:
-                    row = {**run(mode, Path(tmp), steps, seed), "git_commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-                    keep_run({**identity, **row}, RUNS)
-                    kept[(mode, seed)] = row
-    return [kept[(mode, seed)] for seed in seeds for mode in MODES]
+        return [kept.run({"mode": mode, "seed": seed}, lambda: run(mode, Path(tmp), steps, seed))
+                for seed in seeds for mode in MODES]
 
 
 def main() -> None:

@@ -75,6 +75,61 @@ def git_commit() -> str | None:
         return None
 
 
+ROOT = Path(__file__).resolve().parents[1]
+KEPT = ROOT / ".cache" / "flashq"  # where runs longer than a session keep what they finished
+
+
+def code_fingerprint(*bench_files: str) -> str:
+    """What a benchmark run's figures depend on: flashq, the configs and the benchmark's own files
+    as committed (a commit that changes only docs, tests or other benchmarks keeps it)."""
+    paths = ["flashq", "configs", "bench/common.py", *bench_files]
+    out = subprocess.run(["git", "rev-parse", *(f"HEAD:{p}" for p in paths)], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=ROOT, capture_output=True, text=True).stdout
+    if out.returncode != 0 or dirty.strip():
+        raise SystemExit("runs that are kept run on committed code: commit or stash the changes to " + ", ".join(paths))
+    return ",".join(out.stdout.split())
+
+
+def kept_runs(key: dict, path: Path) -> list[dict]:
+    """The records in `path` whose fields match `key`."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if all(r.get(k) == v for k, v in key.items())]
+
+
+def keep_run(record: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class KeptRuns:
+    """A benchmark's runs (each a dict of figures) kept as each ends, in a JSONL file, so a rerun
+    cut off (most take longer than a session on a CPU) goes on where it stopped: a run is taken
+    as it was only when `identity` (committed code, CPU model, sizes) matches. Each run keeps the
+    commit and date it ran at."""
+
+    def __init__(self, path: Path, identity: dict):
+        self.path, self.identity = path, identity
+        self.kept = {self._key(r["run_key"]): r["run"] for r in kept_runs(identity, path)}
+        if self.kept:
+            print(f"{len(self.kept)} run(s) kept from before in {path.name} (same code, CPU and sizes)")
+
+    @staticmethod
+    def _key(run_key: dict) -> str:
+        return json.dumps(run_key, sort_keys=True)
+
+    def run(self, run_key: dict, go) -> dict:
+        """`go()`'s figures for `run_key` (mode, seed, ...) with "git_commit" and "date", or the kept ones."""
+        key = self._key(run_key)
+        if key not in self.kept:
+            run = {**go(), "git_commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            keep_run({**self.identity, "run_key": run_key, "run": run}, self.path)
+            self.kept[key] = run
+        return self.kept[key]
+
+
 def run_timed(cmd: list[str], what: str, logs: Path) -> float:
     """Run a whole user command from the repository root, as a user does; its wall seconds. A
     failure stops the benchmark, pointing at the run's logs."""

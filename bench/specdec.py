@@ -22,6 +22,8 @@ prompts (seeds 20,000 on, against 10,000 on for the reported ones), one engine p
 draft length. Every drafting mode (ngram, vLLM suffix, grouped with and without adaptive length)
 is calibrated over the same `--drafts` and reported at the one that was fastest for it there, so
 each gets the same chance; nothing is picked from the runs the figures come from.
+Every engine's run is kept as it ends (RUNS): the whole benchmark takes about three hours, so a
+rerun cut off goes on where it stopped, on the same committed code, CPU model and sizes.
 Reported per epoch (epoch 1 alone is drafters without earlier responses to the same prompts,
 which is all a first RL epoch has): output tokens/s, makespan, vLLM's own spec-decode counters (mean acceptance
 length over verification steps with a draft, bonus token included; tokens per target forward over
@@ -49,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, keep_earlier, print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.envs.calculator import CalculatorMathEnv  # noqa: E402
 from flashq.wire.protocol import GenerateRequest  # noqa: E402
@@ -66,6 +68,7 @@ MODES = {  # name -> config overrides
 
 
 REPORTED_SEEDS, CALIBRATION_SEEDS = 10_000, 20_000
+RUNS = KEPT / "specdec_runs.jsonl"  # each engine's run, kept as it ends
 
 
 def calculator_prompts(model_dir: Path, count: int, first_seed: int) -> list[np.ndarray]:
@@ -189,10 +192,14 @@ def measure(name: str, label: str, model_dir: Path, modes: list[str], drafts: li
     every mode at its pick on the reported prompts, `--repeats` engines each, interleaved."""
     workload = WORKLOADS[name]
     max_tokens = args.max_tokens or workload.max_tokens
+    kept = KeptRuns(RUNS, {"code": code_fingerprint("bench/specdec.py"), "cpu_model": cpu_model(), "workload": name,
+                           "model": label, "model_dir": os.path.relpath(model_dir, ROOT), "prompts": args.prompts,
+                           "calibration_prompts": args.calibration_prompts, "n": args.n, "max_tokens": max_tokens})
 
-    def run(mode: str, draft: int | None, groups, size: int) -> dict:
-        row = asyncio.run(run_mode(mode, draft, workload.config, model_dir, groups, args.n, max_tokens, size))
-        return {"workload": name, "model": label, **row}
+    def run(mode: str, draft: int | None, groups, size: int, phase: str = "calibration", repeat: int = 0) -> dict:
+        return kept.run({"phase": phase, "mode": mode, "draft": draft, "size": size, "repeat": repeat}, lambda: {
+            "workload": name, "model": label,
+            **asyncio.run(run_mode(mode, draft, workload.config, model_dir, groups, args.n, max_tokens, size))})
 
     groups = workload.prompts(model_dir, args.calibration_prompts + 2, CALIBRATION_SEEDS)
     calibration = [run(mode, draft, groups, size) for size in sizes for draft in drafts for mode in modes if mode != "none"]
@@ -203,7 +210,7 @@ def measure(name: str, label: str, model_dir: Path, modes: list[str], drafts: li
           {f"{mode} @ {size}": d for (size, mode), d in picked.items()})
     groups = workload.prompts(model_dir, args.prompts + 2, REPORTED_SEEDS)
     configs = [(size, mode, picked.get((size, mode))) for size in sizes for mode in modes]  # none drafts nothing
-    runs = [run(mode, draft, groups, size) for _ in range(args.repeats) for size, mode, draft in configs]
+    runs = [run(mode, draft, groups, size, "reported", k) for k in range(args.repeats) for size, mode, draft in configs]
     rows = [average([r for r in runs if (r["max_num_seqs"], r["mode"], r["draft"]) == (size, mode, draft)])
             for size, mode, draft in configs]
     base = {r["max_num_seqs"]: r for r in rows if r["mode"] == "none"}
@@ -317,7 +324,7 @@ def main() -> None:
         if len(modes) == len(MODES) or (name == "real" and {"none", "grouped"} <= set(modes)):
             figures.update(calculator_figures(mine, modes, sizes) if name == "calculator" else real_figures(mine, modes))
     if len(modes) < len(MODES) or len(names) < len(WORKLOADS):
-        print("a subset of the modes or workloads: nothing written")
+        print("a subset of the modes or workloads: nothing written (each engine's run is kept: the whole benchmark takes it up)")
         print(json.dumps(figures, indent=1))
         return
     figures = keep_earlier("specdec", figures)

@@ -53,7 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
-from bench.common import RESULTS, cpu_model, git_commit, plot_path, print_table, write_result  # noqa: E402
+from bench.common import RESULTS, cpu_model, git_commit, keep_run, kept_runs, plot_path, print_table, write_result  # noqa: E402
+from bench.common import code_fingerprint as common_fingerprint  # noqa: E402
 from bench.trl_runner import SETTINGS as TRL_SETTINGS  # noqa: E402
 from bench.trl_runner import trl_schedule  # noqa: E402
 
@@ -337,33 +338,8 @@ CALIBRATION_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_calibration_runs.jsonl" 
 REPORTED_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_job_r_runs.jsonl"  # job R's reported runs, likewise
 
 
-def code_fingerprint(*extra: str) -> str:
-    """What a calibration run's speed depends on: flashq, the configs and the benchmark's own
-    files (`extra` for another benchmark's) as committed (a commit that changes only docs or
-    other benchmarks keeps it)."""
-    paths = ["flashq", "configs", "bench/vs_trl.py", "bench/trl_runner.py", "bench/common.py", *extra]
-    out = subprocess.run(["git", "rev-parse", *(f"HEAD:{p}" for p in paths)], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=ROOT, capture_output=True, text=True).stdout
-    if out.returncode != 0 or dirty.strip():
-        raise SystemExit("the calibration runs on committed code: commit or stash the changes to " + ", ".join(paths))
-    return ",".join(out.stdout.split())
-
-
-def kept_runs(key: dict, path: Path | None = None) -> list[dict]:
-    """Runs an interrupted benchmark (the calibration unless `path`) finished with this code, on
-    this kind of CPU, at these steps."""
-    path = path or CALIBRATION_RUNS
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if all(r.get(k) == v for k, v in key.items())]
-
-
-def keep_run(record: dict, path: Path | None = None) -> None:
-    path = path or CALIBRATION_RUNS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+def code_fingerprint() -> str:
+    return common_fingerprint("bench/vs_trl.py", "bench/trl_runner.py")
 
 
 class ReportedRuns:
@@ -401,7 +377,7 @@ def calibrate(steps: int) -> None:
     (CALIBRATION_RUNS): a calibration cut off (it takes hours) goes on where it stopped, on the
     same code and the same kind of CPU only."""
     identity = {"code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps}
-    rows = kept_runs(identity)
+    rows = kept_runs(identity, CALIBRATION_RUNS)
     done = {(r["system"], r["setting"], r["seed"]) for r in rows}
     if rows:
         print(f"{len(rows)} calibration run(s) kept from before (same code, CPU and steps): {sorted(done)}")
@@ -420,7 +396,7 @@ def calibrate(steps: int) -> None:
                            "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"]),
                            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit()}
                     rows.append(row)
-                    keep_run({**row, **identity})
+                    keep_run({**row, **identity}, CALIBRATION_RUNS)
     by_setting: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         by_setting.setdefault((r["system"], r["setting"]), []).append(r["steps_per_s"])

@@ -39,8 +39,8 @@ def test_an_interrupted_calibration_keeps_only_runs_of_the_same_code_cpu_and_ste
             {"system": "flashq", "setting": "turns", "seed": 100, **here, "cpu_model": "Intel Xeon"},
             {"system": "flashq", "setting": "split", "seed": 100, **here, "steps": 8}]
     runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert [(r["system"], r["setting"]) for r in vs_trl.kept_runs(here)] == [("trl", "default")]
-    assert vs_trl.kept_runs({**here, "code": "newer"}) == []
+    assert [(r["system"], r["setting"]) for r in vs_trl.kept_runs(here, runs)] == [("trl", "default")]
+    assert vs_trl.kept_runs({**here, "code": "newer"}, runs) == []
 
 
 def test_reported_job_r_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch):
@@ -81,11 +81,11 @@ def test_reported_job_r_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch
 def test_colocate_benchmark_goes_on_where_it_was_cut_off(tmp_path, monkeypatch):
     """bench/colocate.py's six runs take over an hour: those finished are kept and not run again,
     on the same code, kind of CPU and steps only. (`run` is faked: this tests the bookkeeping.)"""
-    from bench import colocate
+    from bench import colocate, common
 
     monkeypatch.setattr(colocate, "RUNS", tmp_path / "runs.jsonl")
     monkeypatch.setattr(colocate, "cpu_model", lambda: "AMD EPYC")
-    monkeypatch.setattr(colocate, "git_commit", lambda: "c1")
+    monkeypatch.setattr(common, "git_commit", lambda: "c1")
     monkeypatch.setattr(colocate, "code_fingerprint", lambda *extra: "abc")
     calls, cut = [], [4]
 
@@ -100,7 +100,7 @@ def test_colocate_benchmark_goes_on_where_it_was_cut_off(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="cut off"):
         colocate.measured_runs(24, [0, 1])
     assert len(calls) == 4
-    monkeypatch.setattr(colocate, "git_commit", lambda: "c2")  # a later commit that left the code as it was
+    monkeypatch.setattr(common, "git_commit", lambda: "c2")  # a later commit that left the code as it was
     rows = colocate.measured_runs(24, [0, 1])
     assert len(calls) == 6 and calls[4:] == [("turns", 1), ("split", 1)]  # only the two not finished
     assert [(r["mode"], r["seed"]) for r in rows] == [(m, s) for s in (0, 1) for m in colocate.MODES]
