@@ -76,7 +76,9 @@ def git_commit() -> str | None:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-KEPT = ROOT / ".cache" / "flashq"  # where runs longer than a session keep what they finished
+# Where runs longer than a session keep what they finished: committed beside the results, since a
+# session's machine is new each time (its .cache with it) and the next one goes on from the commit.
+KEPT = RESULTS / "kept"
 
 
 def code_fingerprint(*bench_files: str) -> str:
@@ -88,6 +90,19 @@ def code_fingerprint(*bench_files: str) -> str:
     if out.returncode != 0 or dirty.strip():
         raise SystemExit("runs that are kept run on committed code: commit or stash the changes to " + ", ".join(paths))
     return ",".join(out.stdout.split())
+
+
+def weights_digest(folder: Path) -> str:
+    """A model folder's weights by content: a checkpoint trained again in a later session (same
+    path, other weights) is another model to the runs kept from it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def kept_runs(key: dict, path: Path) -> list[dict]:

@@ -51,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, keep_earlier, print_table, weights_digest, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.envs.calculator import CalculatorMathEnv  # noqa: E402
 from flashq.wire.protocol import GenerateRequest  # noqa: E402
@@ -193,7 +193,8 @@ def measure(name: str, label: str, model_dir: Path, modes: list[str], drafts: li
     workload = WORKLOADS[name]
     max_tokens = args.max_tokens or workload.max_tokens
     kept = KeptRuns(RUNS, {"code": code_fingerprint("bench/specdec.py"), "cpu_model": cpu_model(), "workload": name,
-                           "model": label, "model_dir": os.path.relpath(model_dir, ROOT), "prompts": args.prompts,
+                           "model": label, "model_dir": os.path.relpath(model_dir, ROOT), "weights": weights_digest(model_dir),
+                           "prompts": args.prompts,
                            "calibration_prompts": args.calibration_prompts, "n": args.n, "max_tokens": max_tokens})
 
     def run(mode: str, draft: int | None, groups, size: int, phase: str = "calibration", repeat: int = 0) -> dict:

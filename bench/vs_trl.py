@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
-from bench.common import RESULTS, cpu_model, git_commit, keep_run, kept_runs, plot_path, print_table, write_result  # noqa: E402
+from bench.common import KEPT, RESULTS, cpu_model, git_commit, keep_run, kept_runs, plot_path, print_table, write_result  # noqa: E402
 from bench.common import code_fingerprint as common_fingerprint  # noqa: E402
 from bench.trl_runner import SETTINGS as TRL_SETTINGS  # noqa: E402
 from bench.trl_runner import trl_schedule  # noqa: E402
@@ -334,8 +334,8 @@ def samples_per_step(job: str, work: Path) -> int:
 CALIBRATION = ROOT / "bench" / "results" / "vs_trl_calibration.json"  # the published choice, also in a quick sweep
 
 
-CALIBRATION_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_calibration_runs.jsonl"  # each finished run, kept as it ends
-REPORTED_RUNS = ROOT / ".cache" / "flashq" / "vs_trl_job_r_runs.jsonl"  # job R's reported runs, likewise
+CALIBRATION_RUNS = KEPT / "vs_trl_calibration_runs.jsonl"  # each finished run, kept as it ends
+REPORTED_RUNS = KEPT / "vs_trl_job_r_runs.jsonl"  # job R's reported runs, likewise
 
 
 def code_fingerprint() -> str:
