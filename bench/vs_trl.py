@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
-from bench.common import KEPT, RESULTS, cpu_model, git_commit, keep_run, kept_runs, plot_path, print_table, write_result  # noqa: E402
+from bench.common import KEPT, RESULTS, KeptRuns, cpu_model, git_commit, plot_path, print_table, write_result  # noqa: E402
 from bench.common import code_fingerprint as common_fingerprint  # noqa: E402
 from bench.trl_runner import SETTINGS as TRL_SETTINGS  # noqa: E402
 from bench.trl_runner import trl_schedule  # noqa: E402
@@ -342,31 +342,16 @@ def code_fingerprint() -> str:
     return common_fingerprint("bench/vs_trl.py", "bench/trl_runner.py")
 
 
-class ReportedRuns:
-    """Job R's reported runs (hours on a CPU, longer than a session) kept as each ends, so a rerun
-    goes on where one was cut off: only on the same committed code, CPU model, steps and chosen
-    settings, each run keeping the commit and date it ran at. The toy jobs start from an SFT made
-    in the run's own folder, which a later run would not share, so they always run whole."""
-
-    def __init__(self, job: str, steps: int, settings: dict[str, str]):
-        self.identity = {"job": job, "code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps, "settings": settings} \
-            if job == "r" else None
-        self.kept = {(r["system"], r["seed"]): r for r in kept_runs(self.identity, REPORTED_RUNS)} if self.identity else {}
-        if self.kept:
-            print(f"job {job}: {len(self.kept)} run(s) kept from before (same code, CPU, steps and settings): {sorted(self.kept)}")
-
-    def run(self, system: str, seed: int, go) -> dict:
-        """`go()`'s result for this system and seed, or the kept one; with the commit and date it ran at."""
-        if (system, seed) in self.kept:
-            return self.kept[(system, seed)]["run"]
-        record = {"system": system, "seed": seed, "git_commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "run": go()}
-        if self.identity:
-            keep_run({**self.identity, **record}, REPORTED_RUNS)
-        self.kept[(system, seed)] = record
-        return record["run"]
-
-    def commit(self, system: str, seed: int) -> str:
-        return self.kept[(system, seed)]["git_commit"]
+def reported_runs(job: str, steps: int, settings: dict[str, str], work: Path) -> KeptRuns:
+    """A job's reported runs, each with the commit and date it ran at. Job R's (hours on a CPU,
+    longer than a session) are kept as each ends, so a rerun goes on where one was cut off, on
+    the same committed code, CPU model, steps and chosen settings. The toy jobs start from an SFT
+    made in the command's own folder `work`, which a later command would not share: their runs
+    are kept in that folder and go with it."""
+    if job != "r":
+        return KeptRuns(work / f"job_{job}_runs.jsonl", {"job": job})
+    return KeptRuns(REPORTED_RUNS, {"job": job, "code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps,
+                                    "settings": settings})
 
 
 def calibrate(steps: int) -> None:
@@ -376,27 +361,20 @@ def calibrate(steps: int) -> None:
     reported run, which reads it (`chosen_settings`). Each run is kept as it finishes
     (CALIBRATION_RUNS): a calibration cut off (it takes hours) goes on where it stopped, on the
     same code and the same kind of CPU only."""
-    identity = {"code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps}
-    rows = kept_runs(identity, CALIBRATION_RUNS)
-    done = {(r["system"], r["setting"], r["seed"]) for r in rows}
-    if rows:
-        print(f"{len(rows)} calibration run(s) kept from before (same code, CPU and steps): {sorted(done)}")
+    kept = KeptRuns(CALIBRATION_RUNS, {"code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps})
     with tempfile.TemporaryDirectory(prefix="flashq-vs-trl-cal-") as tmp:
         work = Path(tmp)
         model = make_sft("r", work)
         runners = {"trl": (TRL_SETTINGS, lambda seed, s: run_trl("r", work, model, steps, seed, s)),
                    "flashq": (FLASHQ_SETTINGS, lambda seed, s: run_flashq("r", "flashq", work, model, steps, seed, s))}
-        for seed in CALIBRATION_SEEDS:
-            for system, (settings, run) in runners.items():
-                for setting in settings:
-                    if (system, setting, seed) in done:
-                        continue
-                    r = run(seed, setting)
-                    row = {"system": system, "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
-                           "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"]),
-                           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit()}
-                    rows.append(row)
-                    keep_run({**row, **identity}, CALIBRATION_RUNS)
+
+        def row(system: str, setting: str, seed: int) -> dict:
+            r = runners[system][1](seed, setting)
+            return {"system": system, "setting": setting, "seed": seed, "steps": steps, "wall_s": r["wall_s"],
+                    "steps_per_s": steps / r["wall_s"], "final_reward": final_reward(r["curve"])}
+
+        rows = [kept.run({"system": system, "setting": setting, "seed": seed}, lambda: row(system, setting, seed))
+                for seed in CALIBRATION_SEEDS for system, (settings, _) in runners.items() for setting in settings]
     by_setting: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         by_setting.setdefault((r["system"], r["setting"]), []).append(r["steps_per_s"])
@@ -449,15 +427,17 @@ def main() -> None:
             sft = make_sft(job, work)
             runs: dict[str, list[dict]] = {"trl": [], **{mode: [] for mode in JOBS[job]["modes"]}}
             trl_setting, flashq_setting = (chosen["trl"], chosen["flashq"]) if job == "r" else ("default", "turns")
-            kept = ReportedRuns(job, steps[job], {"trl": trl_setting, "flashq": flashq_setting})
+            kept = reported_runs(job, steps[job], {"trl": trl_setting, "flashq": flashq_setting}, work)
             for seed in range(args.seeds):  # the systems take turns
-                runs["trl"].append(kept.run("trl", seed, lambda: run_trl(job, work, sft, steps[job], seed, trl_setting)))
+                runs["trl"].append(kept.run({"system": "trl", "seed": seed},
+                                            lambda: run_trl(job, work, sft, steps[job], seed, trl_setting)))
                 for mode in JOBS[job]["modes"]:
-                    runs[mode].append(kept.run(mode, seed, lambda: run_flashq(job, mode, work, sft, steps[job], seed, flashq_setting)))
+                    runs[mode].append(kept.run({"system": mode, "seed": seed},
+                                               lambda: run_flashq(job, mode, work, sft, steps[job], seed, flashq_setting)))
             new_rows, batch = [], samples_per_step(job, work)
             for system, rs in runs.items():
                 for seed, r in enumerate(rs):
-                    new_rows.append({"job": job, "git_commit": kept.commit(system, seed), "cpu_model": cpu, "system": system, "seed": seed, "steps": steps[job],
+                    new_rows.append({"job": job, "git_commit": r["git_commit"], "cpu_model": cpu, "system": system, "seed": seed, "steps": steps[job],
                                      "wall_s": r["wall_s"], "steps_per_s": steps[job] / r["wall_s"],
                                      "samples_per_s": steps[job] * batch / r["wall_s"],
                                      "final_reward": final_reward(r["curve"])})

@@ -24,33 +24,62 @@ def test_flashq_decays_what_transformers_trainer_decays(tiny_model):
     assert decayed_by_flashq(model, []) != trl_decays  # the quickstart's own scope (all) reaches further
 
 
-def test_an_interrupted_calibration_keeps_only_runs_of_the_same_code_cpu_and_steps(tmp_path, monkeypatch):
-    """Job R's calibration takes hours and may be cut off: what it finished is kept, and taken up
-    again only on the same code, the same kind of CPU and the same number of steps."""
-    import json
+def test_an_interrupted_calibration_goes_on_where_it_stopped(tmp_path, monkeypatch):
+    """Job R's calibration takes hours and may be cut off: what it finished is kept, taken up
+    again only on the same code, the same kind of CPU and the same number of steps, and the
+    choice is made over every run. (The runs are faked: this tests the bookkeeping.)"""
+    from bench import common
+    from bench import vs_trl
 
-    import bench.vs_trl as vs_trl
+    monkeypatch.setattr(vs_trl, "CALIBRATION_RUNS", tmp_path / "runs.jsonl")
+    monkeypatch.setattr(vs_trl, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "abc")
+    monkeypatch.setattr(common, "git_commit", lambda: "c1")
+    monkeypatch.setattr(vs_trl, "make_sft", lambda job, work: work / "sft")
+    monkeypatch.setattr(vs_trl, "TRL_SETTINGS", {"default": [], "paged": []})
+    monkeypatch.setattr(vs_trl, "FLASHQ_SETTINGS", {"turns": [], "split": []})
+    written, calls, cut = [], [], [5]
+    monkeypatch.setattr(vs_trl, "write_result", lambda name, rows, figures, notes: written.append((rows, figures)))
+    wall = {"default": 50.0, "paged": 40.0, "turns": 10.0, "split": 20.0}  # the fastest: paged, turns
 
-    runs = tmp_path / "runs.jsonl"
-    monkeypatch.setattr(vs_trl, "CALIBRATION_RUNS", runs)
-    here = {"code": "abc", "cpu_model": "AMD EPYC", "steps": 12}
-    rows = [{"system": "trl", "setting": "default", "seed": 100, **here},
-            {"system": "trl", "setting": "paged", "seed": 100, **here, "code": "older"},
-            {"system": "flashq", "setting": "turns", "seed": 100, **here, "cpu_model": "Intel Xeon"},
-            {"system": "flashq", "setting": "split", "seed": 100, **here, "steps": 8}]
-    runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert [(r["system"], r["setting"]) for r in vs_trl.kept_runs(here, runs)] == [("trl", "default")]
-    assert vs_trl.kept_runs({**here, "code": "newer"}, runs) == []
+    def run(system):
+        def go(*args):
+            seed, setting = args[-2], args[-1]
+            if len(calls) in cut:
+                cut.clear()
+                raise RuntimeError("cut off")  # the session ends during the sixth run
+            calls.append((system, setting, seed))
+            return {"wall_s": wall[setting], "curve": [[1, 0.5]]}
+        return go
+
+    monkeypatch.setattr(vs_trl, "run_trl", run("trl"))
+    monkeypatch.setattr(vs_trl, "run_flashq", lambda job, mode, *args: run("flashq")(*args))
+    with pytest.raises(RuntimeError, match="cut off"):
+        vs_trl.calibrate(12)
+    assert len(calls) == 5 and not written
+    monkeypatch.setattr(common, "git_commit", lambda: "c2")  # a later commit that left the code as it was
+    vs_trl.calibrate(12)
+    assert len(calls) == 8 and calls[5:] == [("trl", "paged", 101), ("flashq", "turns", 101), ("flashq", "split", 101)]
+    rows, figures = written[-1]
+    assert figures["chosen"] == {"trl": "paged", "flashq": "turns"} and len(rows) == 8
+    assert [r["git_commit"] for r in rows] == ["c1"] * 5 + ["c2"] * 3 and "code" not in rows[0]
+    vs_trl.calibrate(12)
+    assert len(calls) == 8  # all kept now
+    vs_trl.calibrate(8)  # other steps: run again
+    monkeypatch.setattr(vs_trl, "cpu_model", lambda: "Intel Xeon")
+    vs_trl.calibrate(12)  # another kind of CPU: run again
+    assert len(calls) == 24
 
 
 def test_reported_job_r_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch):
     """Job R's reported runs outlast a session: each finished run is kept with the commit it ran
     at and reused only under the same code, CPU, steps and settings; toy jobs keep nothing."""
-    import bench.vs_trl as vs_trl
+    from bench import common
+    from bench import vs_trl
 
     monkeypatch.setattr(vs_trl, "REPORTED_RUNS", tmp_path / "runs.jsonl")
     monkeypatch.setattr(vs_trl, "cpu_model", lambda: "AMD EPYC")
-    monkeypatch.setattr(vs_trl, "git_commit", lambda: "c1")
+    monkeypatch.setattr(common, "git_commit", lambda: "c1")
     monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "abc")
     settings = {"trl": "paged", "flashq": "turns"}
     calls = []
@@ -61,21 +90,21 @@ def test_reported_job_r_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch
             return {"wall_s": 1.0, "curve": [[0.5, 0.1]], "name": name}
         return run
 
-    first = vs_trl.ReportedRuns("r", 40, settings)
-    assert first.run("trl", 0, go("trl0"))["name"] == "trl0"
-    monkeypatch.setattr(vs_trl, "git_commit", lambda: "c2")  # a later commit that left the code as it was
-    again = vs_trl.ReportedRuns("r", 40, settings)
-    assert again.run("trl", 0, go("trl0 again"))["name"] == "trl0"
-    assert again.commit("trl", 0) == "c1"
-    assert again.run("flashq", 0, go("flashq0"))["name"] == "flashq0"
+    trl0, flashq0 = {"system": "trl", "seed": 0}, {"system": "flashq", "seed": 0}
+    first = vs_trl.reported_runs("r", 40, settings, tmp_path)
+    assert first.run(trl0, go("trl0"))["name"] == "trl0"
+    monkeypatch.setattr(common, "git_commit", lambda: "c2")  # a later commit that left the code as it was
+    again = vs_trl.reported_runs("r", 40, settings, tmp_path)
+    assert again.run(trl0, go("trl0 again")) == {**again.run(trl0, go("-")), "name": "trl0", "git_commit": "c1"}
+    assert again.run(flashq0, go("flashq0"))["git_commit"] == "c2"
     assert calls == ["trl0", "flashq0"]
-    for changed in [dict(job="r", steps=12, settings=settings), dict(job="r", steps=40, settings={**settings, "trl": "default"})]:
-        assert vs_trl.ReportedRuns(changed["job"], changed["steps"], changed["settings"]).kept == {}
+    for steps, changed in [(12, settings), (40, {**settings, "trl": "default"})]:
+        assert vs_trl.reported_runs("r", steps, changed, tmp_path).kept == {}
     monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "newer")
-    assert vs_trl.ReportedRuns("r", 40, settings).kept == {}
-    toy = vs_trl.ReportedRuns("a", 40, settings)
-    toy.run("trl", 0, go("a0"))
-    assert vs_trl.ReportedRuns("a", 40, settings).kept == {} and len(calls) == 3
+    assert vs_trl.reported_runs("r", 40, settings, tmp_path).kept == {}
+    toy = vs_trl.reported_runs("a", 40, settings, tmp_path / "first command")
+    toy.run(trl0, go("a0"))
+    assert vs_trl.reported_runs("a", 40, settings, tmp_path / "next command").kept == {} and len(calls) == 3
 
 
 def test_colocate_benchmark_goes_on_where_it_was_cut_off(tmp_path, monkeypatch):
