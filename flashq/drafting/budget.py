@@ -83,43 +83,77 @@ class AcceptanceRates:
 
 
 class DraftBudget:
+    """The step-cost model `fixed + per_token * tokens`, fitted online, and the rule above.
+
+    The prior's shape (its ratio of fixed cost to per-position cost) is kept until the data's
+    spread of positions supports a slope of their own: leaving it is penalised as much as
+    `prior_steps` steps spread over `SPREAD` positions would weigh, at whatever level the data
+    show. An engine near one batch size (every step verifying about as many positions, where a
+    local trend can be anything) keeps the prior's shape at its own level; one whose batch sweeps a
+    range of sizes fits both terms. The level follows the data however far off the prior is (a
+    CPU engine's step can be 60x the default's), so a slow step is taken for a pause (a weight
+    update, an empty engine) only against what steps have measured."""
+
+    WARMUP_STEPS = 8  # steps whose median sets the level before the first pause can be told apart
+    SPREAD = 16.0  # positions: data spread less than this keep the prior's shape
+
     def __init__(self, fixed_s: float = 1.5e-3, per_token_s: float = 4e-5, floor: float = 0.1,
                  half_life_steps: float = 200.0, prior_steps: float = 20.0, acceptance: AcceptanceRates | None = None):
         """`acceptance`: check the drafter's estimates against what was accepted (None: take them as they are)."""
         self.acceptance = acceptance
         self.prior = (fixed_s, per_token_s)
+        self.prior_steps = prior_steps
         self.floor = floor
         self.decay = 0.5 ** (1.0 / half_life_steps)
-        # weighted sums for the fit y = a + b x, seeded with `prior_steps` steps of the prior at two batch sizes
-        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        for x in (1.0, 256.0):
-            self._add(x, fixed_s + per_token_s * x, prior_steps / 2)
+        self.warmup: list[tuple[float, float]] = []  # (positions, seconds) of the first steps, until the level is known
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0  # the observed steps' forgetting sums
 
-    def _add(self, x: float, y: float, w: float = 1.0) -> None:
-        self.sw += w
-        self.sx += w * x
-        self.sy += w * y
-        self.sxx += w * x * x
-        self.sxy += w * x * y
+    def _prior_s(self, tokens: float) -> float:
+        return self.prior[0] + self.prior[1] * tokens
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """One engine step that verified `tokens` positions in `seconds`. Pauses (weight updates,
-        an empty engine) are not steps: anything slower than 20x the fit's prediction is ignored."""
-        if tokens <= 0 or seconds <= 0 or seconds > 20 * self.step_s(tokens):
-            return
+    def _add(self, x: float, y: float) -> None:
         for name in ("sw", "sx", "sy", "sxx", "sxy"):
             setattr(self, name, getattr(self, name) * self.decay)
+        self.sw += 1.0
+        self.sx += x
+        self.sy += y
+        self.sxx += x * x
+        self.sxy += x * y
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One engine step that verified `tokens` positions in `seconds`. Pauses are not steps:
+        anything slower than 20x what the fit predicts is ignored (during the first steps, 20x
+        their median against the prior's shape)."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        if len(self.warmup) < self.WARMUP_STEPS:
+            self.warmup.append((float(tokens), seconds))
+            if len(self.warmup) == self.WARMUP_STEPS:
+                level = float(np.median([y / self._prior_s(x) for x, y in self.warmup]))
+                for x, y in self.warmup:
+                    if y <= 20 * level * self._prior_s(x):
+                        self._add(x, y)
+            return
+        if seconds > 20 * self.step_s(tokens):
+            return
         self._add(float(tokens), seconds)
 
     def fit(self) -> tuple[float, float]:
-        """(fixed seconds per step, seconds per verified position); the prior if the fit is degenerate."""
-        var = self.sw * self.sxx - self.sx * self.sx
-        if var <= 0:
+        """(fixed seconds per step, seconds per verified position): least squares over the observed
+        steps, plus a penalty on leaving the prior's shape worth `prior_steps` steps spread over
+        `SPREAD` positions; the prior before any step is observed."""
+        if self.sw == 0:
             return self.prior
-        per_token = (self.sw * self.sxy - self.sx * self.sy) / var
-        fixed = (self.sy - per_token * self.sx) / self.sw
+        ratio = self.prior[1] / self.prior[0]  # the shape: per_token = ratio * fixed
+        lam = self.prior_steps * self.SPREAD ** 2
+        # normal equations of sum w (y - a - b x)^2 + lam (b - ratio a)^2
+        m00, m01, m11 = self.sw + lam * ratio ** 2, self.sx - lam * ratio, self.sxx + lam
+        det = m00 * m11 - m01 * m01
+        fixed = (self.sy * m11 - m01 * self.sxy) / det
+        per_token = (m00 * self.sxy - m01 * self.sy) / det
         if per_token <= 0 or fixed <= 0:
-            return self.prior
+            level = self.sy / (self.prior[0] * self.sw + self.prior[1] * self.sx)
+            return level * self.prior[0], level * self.prior[1]
         return fixed, per_token
 
     def step_s(self, tokens: int) -> float:

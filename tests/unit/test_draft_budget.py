@@ -26,9 +26,47 @@ def test_the_step_model_is_fitted_from_observed_steps():
 
 def test_pauses_are_not_steps():
     budget = DraftBudget(fixed_s=1e-3, per_token_s=1e-5)
+    budget.observe(32, 5.0)  # a weight update held the engine for seconds, before the level is known
+    for i in range(50):
+        budget.observe(16 + i % 8, 2e-3 + 1e-5 * (16 + i % 8))
     before = budget.fit()
-    budget.observe(32, 5.0)  # a weight update held the engine for seconds
-    assert budget.fit() == before
+    budget.observe(32, 5.0)  # and once it is
+    assert budget.fit() == before and budget.step_s(32) < 4e-3
+
+
+def _cpu_engine_steps(n: int, pause_every: int = 0):
+    """(positions, seconds) of a CPU engine at 16 requests with short drafts: 90 ms a step plus
+    2.8 ms a verified position, +-15% of noise, and a weight update of 10 s every `pause_every` steps."""
+    for i in range(n):
+        tokens = 16 + (i * 5) % 9
+        noise = 1 + 0.15 * (((i * 7919) % 201) / 100 - 1)
+        yield tokens, 10.0 if pause_every and i % pause_every == 3 else (0.09 + 2.8e-3 * tokens) * noise
+
+
+def test_a_prior_sixty_times_too_fast_is_fitted_away():
+    """The default prior is a fast engine's (1.5 ms a step); SmolLM2's steps on a CPU take ~130 ms.
+    Every step was once more than 20x the prior's prediction and dropped as a pause, so the fit
+    never left the prior; the level now follows the steps, and pauses are still told apart."""
+    budget = DraftBudget()
+    for tokens, seconds in _cpu_engine_steps(600, pause_every=50):
+        budget.observe(tokens, seconds)
+    assert budget.step_s(20) == pytest.approx(0.09 + 2.8e-3 * 20, rel=0.1)
+    assert budget.needed(16) == pytest.approx(1 / (1 + 0.09 / (16 * 2.8e-3)), abs=0.05)
+
+
+def test_a_narrow_spread_of_positions_keeps_the_prior_s_shape():
+    """Steps of nearly one size say little about the slope: a steep local trend (what a batch of
+    16 requests with drafts of 0-8 tokens showed on a CPU, 12 ms + 8 ms a position when fitted
+    alone) would have a draft token need 0.91 acceptance. The fit keeps the prior's ratio at the
+    data's level until positions spread."""
+    budget = DraftBudget(fixed_s=1.5e-3, per_token_s=4e-5)
+    for i in range(600):
+        tokens = 16 + (i * 5) % 9
+        budget.observe(tokens, 0.012 + 8e-3 * tokens)
+    fixed, per_token = budget.fit()
+    assert fixed / per_token > 20  # the prior's 37.5 positions, not the local trend's 1.5
+    assert budget.step_s(20) == pytest.approx(0.012 + 8e-3 * 20, rel=0.1)
+    assert budget.needed(16) < 0.4
 
 
 def test_drafts_that_are_not_accepted_stop_and_are_probed_again_later():
