@@ -90,7 +90,8 @@ BENCHES = [
     # once (about 17 minutes, kept in the cache) and runs about 2.5 minutes an engine (its figures,
     # real_model_*grouped_tokens_per_s_vs_nospec, join the compared ones once the file has them)
     Bench("specdec", one("bench/specdec.py"),
-          one("bench/specdec.py", "--prompts", "8", "--calibration-prompts", "4", "--drafts", "16", "--repeats", "1"),
+          one("bench/specdec.py", "--prompts", "8", "--calibration-prompts", "4", "--drafts", "16", "--repeats", "1",
+              "--bound-repeats", "1"),
           ("grouped_tokens_per_s_vs_nospec", "grouped_tokens_per_s_vs_vllm_suffix", "grouped_mean_acceptance_length",
            "epoch1_grouped_tokens_per_s_vs_vllm_suffix_at_256"), 170, 60, tolerance=0.3),
     Bench("quickstart", one("bench/quickstart.py"), one("bench/quickstart.py", "--seeds", "0", "trainer.steps=600"),
