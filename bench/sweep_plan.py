@@ -88,8 +88,7 @@ BENCHES = [
            "reward_trained_sync", "reward_gain"), 25, 6),
     # single engines vary by up to ~30% on a CPU (specdec.json's notes); the real-model workload trains its checkpoint
     # once (about 17 minutes on AMD, 50 on the Intel host) and runs about 3 minutes an engine, 8 more for the bound's
-    # pairs (its figures,
-    # real_model_*grouped_tokens_per_s_vs_nospec, join the compared ones once the file has them)
+    # pairs (its figures, real_model_*grouped_tokens_per_s_vs_nospec, join the compared ones once the file has them)
     Bench("specdec", one("bench/specdec.py"),
           one("bench/specdec.py", "--prompts", "8", "--calibration-prompts", "4", "--drafts", "16", "--repeats", "1",
               "--bound-repeats", "1"),
