@@ -210,6 +210,14 @@ def trainer_scale(d: dict) -> str:
             f"push {x(f['weight_sync_vs_raw_broadcast'])} a bare broadcast ({push} {push_bound})")
 
 
+def colocate(d: dict) -> str:
+    f = d["figures"]
+    return (f"SmolLM2-135M-Instruct's job on two cores: colocated turns step at {x(f['colocate_step_speed_vs_split'])} the split "
+            f"placement's speed, {x(f['colocate_step_speed_vs_turns'])} turns by priority's (after each run's first 10%, "
+            f"{word(len(f['seeds']))} seeds); final reward {f['colocate_final_reward']:.2f} colocated, "
+            f"{f['split_final_reward']:.2f} split, {f['turns_final_reward']:.2f} turns")
+
+
 def chaos(d: dict) -> str:
     f = d["figures"]
     lost, twice = f["samples_lost"], f["samples_duplicated"]
@@ -270,6 +278,8 @@ ENTRIES = {e.result: e for e in [
     Entry("trainer on a GPU", "trainer_gpu", "trainer_gpu", "trainer steps at a real model's size on one GPU", trainer_gpu),
     Entry("device check", "gpu_check", "gpu_check", "the trainer on one GPU at 1.5B and 7B: speed, memory, MFU, push race",
           gpu_check),
+    Entry("colocated mode", "colocate", "colocate", "the engine and trainer taking turns by protocol against the other "
+          "placements, on the real-model job", colocate),
     Entry("trainer scale", "trainer_scale", "trainer_scale", "the trainer and loop at a real model's size on a CPU", trainer_scale),
     Entry("chaos", "chaos", "chaos", "killed roles, hostile peers, poison requests, torn resumes", chaos),
     Entry("fuzz", "fuzz", "fuzz", "hostile frames against a live hub", fuzz),

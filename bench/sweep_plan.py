@@ -94,6 +94,10 @@ BENCHES = [
               "--bound-repeats", "1"),
           ("grouped_tokens_per_s_vs_nospec", "grouped_tokens_per_s_vs_vllm_suffix", "grouped_mean_acceptance_length",
            "epoch1_grouped_tokens_per_s_vs_vllm_suffix_at_256"), 200, 60, tolerance=0.3),
+    # two seeds of three placements, 24 steps each: each run's first batch waits 2 to 17 minutes for a reward
+    # signal (colocate.py's docstring); colocate's own s/step moved 24% between its two seeds
+    Bench("colocate", one("bench/colocate.py"), one("bench/colocate.py", "--seeds", "0", "--steps", "6"),
+          ("colocate_step_speed_vs_split", "colocate_step_speed_vs_turns", "colocate_final_reward"), 150, 45, tolerance=0.3),
     Bench("quickstart", one("bench/quickstart.py"), one("bench/quickstart.py", "--seeds", "0", "trainer.steps=600"),
           ("reward_gain", "eval_greedy_gain", "wall_minutes"), 42, 5),
     Bench("parity", one("bench/parity.py"), one("bench/parity.py", "--seeds", "0", "--steps", "200"),
