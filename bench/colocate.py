@@ -12,11 +12,11 @@ first 10% of steps), each other mode's over colocated (above 1: colocated is fas
 for steps/s of the whole command, and the final reward (mean of the last 10% of steps) of each.
 The first step is left out of the headline because it is a lottery the placement does not
 decide: the shipped model almost never answers in the tags, dynamic sampling drops every group
-that scored all 0, and the first batch waited for 64 to 524 dropped groups in
-three 3-step trial runs of the same seed (2 to 17 minutes).
+that scored all 0, and the first batch waited for 64 to 524 dropped groups in three 3-step trial
+runs of the same seed (2 to 17 minutes). Results: docs/benchmarks/colocate.md.
 
-The six runs take one to three hours (the first batches decide); each is kept as it ends (RUNS), so a rerun cut off goes on
-where it stopped, on the same committed code, kind of CPU and steps.
+The six runs take one to three hours (the first batches decide); each is kept as it ends (RUNS),
+so a rerun cut off goes on where it stopped, on the same committed code, kind of CPU and steps.
 
     python bench/colocate.py                      # writes bench/results/colocate.json
 """
