@@ -23,6 +23,13 @@ the baseline and reports "no baseline". Baselines are per host: compare runs on 
     python bench/all.py --dry-run            # the plan and its estimated minutes; runs nothing
     python bench/all.py --only fuzz queue    # some of them; --skip NAME... leaves some out
     python bench/all.py --quick              # reduced size: bench/results/quick/, drift since the last quick run
+    python bench/all.py --resume             # go on with a sweep a session's end cut off, at the same commit
+
+A full sweep outlasts a session here, and a session's end kills what runs. Each benchmark that
+ends well is written to bench/results/kept/sweep_done.jsonl (name, commit, date); `--resume` leaves
+out those done at this commit whose file still names it, and lists them in the report as "done
+earlier" with their bounds judged. A benchmark cut off mid-way runs again (vs_trl, specdec and
+colocate take up the runs they kept).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from bench.sweep_plan import BENCHES, SKIPPED, Bench  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 QUICK = RESULTS / "quick"
+DONE = common.KEPT / "sweep_done.jsonl"  # the full sweep's finished benchmarks, for --resume
 OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
 SPREAD_SUFFIXES = ("_per_seed", "_by_round", "_spread")
 
@@ -257,6 +265,27 @@ def run_bench(bench: Bench, quick: bool, logs: Path) -> dict:
     return out
 
 
+def record_done(outcome: dict, path: Path) -> None:
+    """Note a full-sweep benchmark that ended well, at the commit its file names, for `--resume`."""
+    if outcome["status"] == "ok" and outcome["commit"]:
+        common.keep_run({"name": outcome["name"], "commit": outcome["commit"], "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, path)
+
+
+def done_earlier(benches: Sequence[Bench], head: str | None, path: Path, folder: Path) -> dict[str, dict]:
+    """name -> the outcome of each benchmark a sweep at `head` finished before (noted in `path`) whose
+    file in `folder` still names `head`: a file rewritten since, or noted at another commit, runs again."""
+    out: dict[str, dict] = {}
+    if not head:
+        return out
+    for b in benches:
+        doc = load(folder / f"{b.name}.json")
+        noted = common.kept_runs({"name": b.name, "commit": head}, path)
+        if noted and doc and doc.get("git_commit") == head:
+            out[b.name] = {"name": b.name, "status": "done earlier", "reason": f"done at this commit by an earlier sweep ({noted[-1]['date']})",
+                           "minutes": 0.0, "commit": head, "bounds": judge_bounds(doc.get("figures") or {}), "compared": None}
+    return out
+
+
 def skipped(name: str, reason: str) -> dict:
     return {"name": name, "status": "skipped", "reason": reason, "minutes": 0.0, "commit": None, "bounds": [], "compared": None}
 
@@ -280,7 +309,7 @@ def summary(outcomes: list[dict], commits: dict[str, str | None], head: str | No
     """sweep.json's figures: who ran how, the commit every result file names, what moved, which bounds fail."""
     by = lambda status: [o["name"] for o in outcomes if o["status"] == status]  # noqa: E731
     return {"mode": "quick" if quick else "full", "commit": head, "ok": by("ok"), "failed": by("failed"),
-            "not_written": by("not written"), "skipped": {o["name"]: o["reason"] for o in outcomes if o["status"] == "skipped"},
+            "not_written": by("not written"), "done_earlier": by("done earlier"), "skipped": {o["name"]: o["reason"] for o in outcomes if o["status"] == "skipped"},
             "commits": commits, "at_other_commits": sorted(n for n, c in commits.items() if not (c and head and head.startswith(c[:7]))),
             "moved": {o["name"]: [r["figure"] for r in o["compared"] if r["moved"]] for o in outcomes
                       if any(r["moved"] for r in o["compared"] or [])},
@@ -332,10 +361,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run these (result names: queue, fuzz, ...)")
     ap.add_argument("--skip", nargs="+", default=[], metavar="NAME", help="leave these out")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimated minutes; run nothing")
+    ap.add_argument("--resume", action="store_true", help="leave out what a full sweep at this commit finished before")
     args = ap.parse_args(argv)
+    if args.resume and args.quick:
+        ap.error("--resume goes on with a full sweep; a quick one is short enough to run whole")
     benches = select(BENCHES, args.only, args.skip)
     folder = QUICK if args.quick else RESULTS
+    earlier = done_earlier(benches, common.git_commit(), DONE, folder) if args.resume else {}
     reasons = {b.name: why for b in benches if (why := missing_need(b.needs))}
+    reasons |= {name: o["reason"] for name, o in earlier.items()}
     print_plan(benches, args.quick, reasons, estimates(benches, args.quick, load(folder / "sweep.json")))
     if args.dry_run:
         return 0
@@ -346,7 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     interrupted = False
     try:
         for b in benches:
-            outcomes.append(skipped(b.name, reasons[b.name]) if b.name in reasons else run_bench(b, args.quick, logs))
+            if b.name in earlier:
+                outcomes.append(earlier[b.name])
+            elif b.name in reasons:
+                outcomes.append(skipped(b.name, reasons[b.name]))
+            else:
+                outcomes.append(run_bench(b, args.quick, logs))
+                if not args.quick:
+                    record_done(outcomes[-1], DONE)
     except KeyboardInterrupt:  # the report still says what ran
         interrupted, done = True, {o["name"] for o in outcomes}
         outcomes += [skipped(b.name, "not run: the sweep was interrupted") for b in benches if b.name not in done]

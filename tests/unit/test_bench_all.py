@@ -169,3 +169,31 @@ def test_a_benchmark_whose_calibration_has_not_run_is_skipped_saying_so(monkeypa
     (tmp_path / "vs_trl_calibration.json").write_text("{}")
     assert sweep.missing_need(("result:vs_trl_calibration",)) is None
     assert "result:vs_trl_calibration" in next(b for b in BENCHES if b.name == "vs_trl").needs
+
+
+def test_resume_leaves_out_only_what_a_sweep_at_this_commit_finished_and_its_file_still_names(tmp_path):
+    """A sweep cut off by a session's end goes on with `--resume`: a benchmark noted done at this
+    commit is left out, with its bounds judged from its file; one noted at another commit, one that
+    failed (never noted), or one whose file was rewritten since at another commit runs again."""
+    done, folder = tmp_path / "sweep_done.jsonl", tmp_path / "results"
+    folder.mkdir()
+    plan = [Bench(n, ((f"bench/{n}.py",),), ((f"bench/{n}.py",),), (), 1, 1) for n in ("a", "b", "c", "d")]
+    figs = {"g": 0.4, "bounds": {"g": ">= 0.5"}}
+    for name, commit in [("a", "head"), ("b", "head"), ("c", "old"), ("d", "head")]:
+        (folder / f"{name}.json").write_text(json.dumps({"git_commit": commit, "figures": figs}))
+    sweep.record_done({"name": "a", "status": "ok", "commit": "head"}, done)
+    sweep.record_done({"name": "b", "status": "failed", "commit": "head"}, done)  # not noted
+    sweep.record_done({"name": "c", "status": "ok", "commit": "head"}, done)  # its file was rewritten at "old" since
+    sweep.record_done({"name": "d", "status": "ok", "commit": "older"}, done)  # noted at another commit
+    earlier = sweep.done_earlier(plan, "head", done, folder)
+    assert list(earlier) == ["a"]
+    assert earlier["a"]["status"] == "done earlier" and earlier["a"]["commit"] == "head"
+    assert earlier["a"]["bounds"] == [{"figure": "g", "value": 0.4, "bound": ">= 0.5", "met": False}]
+    assert sweep.done_earlier(plan, None, done, folder) == {}
+    s = sweep.summary([earlier["a"]], {"a": "head"}, "head", quick=False)
+    assert s["done_earlier"] == ["a"] and s["bounds_not_met"] == {"a": ["g"]}
+
+
+def test_resume_is_refused_for_a_quick_sweep():
+    with pytest.raises(SystemExit):
+        sweep.main(["--quick", "--resume", "--dry-run"])
