@@ -104,11 +104,12 @@ BENCHES = [
           ("final_reward_alpha2", "final_reward_sync", "wall_ratio_alpha2_vs_sync"), 45, 5),
     Bench("real_model", one("bench/real_model.py"), one("bench/real_model.py", "--seeds", "0", "trainer.steps=20"),
           ("real_model_eval_greedy_gain", "real_model_wall_minutes"), 58, 9),
-    # job R: TRL takes about 43 s a step on the real model, three seeds of 40 steps beside flashq's
-    # (its figures join the compared ones once the file has them)
+    # job R: TRL takes 39-51 s a step on the real model (Intel Xeon), three seeds of 40 steps beside flashq's
+    # (about 50 minutes a seed for the pair); its runs are kept as each ends
     Bench("vs_trl", one("bench/vs_trl.py", "--seeds", "3"),
           one("bench/vs_trl.py", "--seeds", "1", "--steps-a", "300", "--steps-b", "60", "--steps-r", "10"),
-          ("job_a_speed_vs_trl", "job_b_speed_vs_trl", "job_b_speed_vs_trl_quickstart_settings"), 180, 20,
+          ("job_r_speed_vs_trl", "job_r_final_reward_gap_vs_trl", "job_r_push_pause_s", "job_a_speed_vs_trl", "job_b_speed_vs_trl",
+           "job_b_speed_vs_trl_quickstart_settings"), 180, 20,
           needs=("trl", "result:vs_trl_calibration")),
     # a configuration's step time moved by up to 54% between repeats (sim.py's docstring)
     Bench("sim", one("bench/sim.py"), one("bench/sim.py", "--repeats", "1"),
