@@ -277,11 +277,11 @@ def done_earlier(benches: Sequence[Bench], head: str | None, path: Path, folder:
     out: dict[str, dict] = {}
     if not head:
         return out
+    noted = {r["name"]: r["date"] for r in common.kept_runs({"commit": head}, path)}  # the last note of each wins
     for b in benches:
-        doc = load(folder / f"{b.name}.json")
-        noted = common.kept_runs({"name": b.name, "commit": head}, path)
-        if noted and doc and doc.get("git_commit") == head:
-            out[b.name] = {"name": b.name, "status": "done earlier", "reason": f"done at this commit by an earlier sweep ({noted[-1]['date']})",
+        doc = load(folder / f"{b.name}.json") if b.name in noted else None
+        if doc and doc.get("git_commit") == head:
+            out[b.name] = {"name": b.name, "status": "done earlier", "reason": f"done at this commit by an earlier sweep ({noted[b.name]})",
                            "minutes": 0.0, "commit": head, "bounds": judge_bounds(doc.get("figures") or {}), "compared": None}
     return out
 
