@@ -36,7 +36,7 @@ def test_a_changed_figure_changes_its_row(tmp_path: Path):
 
     before, after = row(figures.readme_block()), row(figures.readme_block(results))
     assert before != after
-    assert "reward +0.123" in after and after.endswith("(measured 2031-01-02) |")
+    assert "reward +0.123" in after and after.endswith("(measured 2031-01-02) | no bound in the file |")
     assert "reward +0.123" in row(figures.index_block(results))
     assert "reward +0.123" in figures.page_block(figures.ENTRIES["quickstart"], results)
     # the README, the index and the quickstart's own page now read as stale; no other page
@@ -53,6 +53,19 @@ def test_every_bound_a_result_file_states_is_judged():
         judged = figures.bounds(data)
         missing = [k for k in named if k not in judged and not any(f.startswith(k) for f in judged)]
         assert not missing, f"{entry.result}.json: bounds without a side in figures.BOUNDS: {missing}"
+
+
+def test_a_missed_bound_shows_in_its_readme_row(tmp_path: Path):
+    """A figure that misses its stated bound is named in the README row, met ones are not."""
+    results = tmp_path / "results"
+    shutil.copytree(figures.RESULTS, results)
+    path = results / "lora.json"
+    data = json.loads(path.read_text())
+    data["figures"]["lora_reward_gain"], data["figures"]["lora_reward_gain_bound"] = 0.1, 0.2
+    data["figures"]["lora_wall_minutes"], data["figures"]["lora_wall_minutes_bound"] = 9.0, 15.0
+    path.write_text(json.dumps(data))
+    row = next(line for line in figures.readme_block(results).splitlines() if line.startswith("| [LoRA]"))
+    assert row.endswith("| `lora_reward_gain` 0.1 (bound ≥ 0.2) |")
 
 
 def test_readme_block_names_no_commit():
