@@ -314,8 +314,9 @@ def missed(d: dict) -> str:
     """The stated bounds a file's figures miss, each with its value: 'none' when every one is met,
     'no bound in the file' when it states none (not the same as meeting them)."""
     stated = bounds(d)
-    return "; ".join(f"`{fig}` {value:.3g} (bound {op.replace('>=', '≥').replace('<=', '≤')} {bound})"
-                     for fig, (value, op, bound, ok) in stated.items() if not ok) or ("none" if stated else "no bound in the file")
+    misses = [f"`{fig}` {value:.3g} (bound {op.replace('>=', '≥').replace('<=', '≤')} {bound})"
+              for fig, (value, op, bound, ok) in stated.items() if not ok]
+    return "; ".join(misses) or ("none" if stated else "no bound in the file")
 
 
 def index_block(results: Path = RESULTS) -> str:

@@ -36,7 +36,7 @@ def test_a_changed_figure_changes_its_row(tmp_path: Path):
 
     before, after = row(figures.readme_block()), row(figures.readme_block(results))
     assert before != after
-    assert "reward +0.123" in after and after.endswith("(measured 2031-01-02) | no bound in the file |")
+    assert "reward +0.123" in after and after.endswith(f"(measured 2031-01-02) | {figures.missed(data)} |")
     assert "reward +0.123" in row(figures.index_block(results))
     assert "reward +0.123" in figures.page_block(figures.ENTRIES["quickstart"], results)
     # the README, the index and the quickstart's own page now read as stale; no other page
