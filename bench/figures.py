@@ -310,11 +310,16 @@ def readme_block(results: Path = RESULTS) -> str:
     return "\n".join(rows)
 
 
+def sign(op: str) -> str:
+    """'>=' reads as '≥', '<=' as '≤'."""
+    return op.replace(">=", "≥").replace("<=", "≤")
+
+
 def missed(d: dict) -> str:
     """The stated bounds a file's figures miss, each with its value: 'none' when every one is met,
     'no bound in the file' when it states none (not the same as meeting them)."""
     stated = bounds(d)
-    misses = [f"`{fig}` {value:.3g} (bound {op.replace('>=', '≥').replace('<=', '≤')} {bound})"
+    misses = [f"`{fig}` {value:.3g} (bound {sign(op)} {bound})"
               for fig, (value, op, bound, ok) in stated.items() if not ok]
     return "; ".join(misses) or ("none" if stated else "no bound in the file")
 
@@ -334,7 +339,7 @@ def index_block(results: Path = RESULTS) -> str:
 
 def judged(d: dict) -> str:
     """The bounds a file states, each with its figure's value and whether it is met."""
-    return "; ".join(f"`{fig}` {value:.3g} {op.replace('>=', '≥').replace('<=', '≤')} {bound}: "
+    return "; ".join(f"`{fig}` {value:.3g} {sign(op)} {bound}: "
                      f"{'met' if ok else '**fails**'}" for fig, (value, op, bound, ok) in bounds(d).items()) or "none"
 
 
