@@ -11,7 +11,8 @@ responses:
 - real: the real-model example's own job (configs/smollm2_arithmetic.yaml: sums answered in tags,
   its prompts, its 48 new tokens) by SmolLM2-135M-Instruct twice: as shipped (the start of RL
   training) and trained (the last checkpoint of `flashq launch configs/smollm2_arithmetic.yaml`,
-  run here once if missing, about 17 minutes), at 16 requests decoding.
+  run here once if missing, about 17 minutes on AMD, 50 on Intel; a run
+  cut off resumes from its checkpoint), at 16 requests decoding.
 Per workload, model, mode and engine size
 (`max_num_seqs`: 16 requests decoding at once, as in a rollout's long tail or a GPU engine whose
 batch is bound by memory; 256, a full CPU batch) one engine serves a warm-up, epoch 1 and epoch 2;
@@ -110,15 +111,35 @@ def calculator_models() -> list[tuple[str, Path]]:
 
 def real_models() -> list[tuple[str, Path]]:
     """SmolLM2 as shipped, and after the real-model example's RL run (trained once, kept in the cache)."""
-    from flashq import checkpoint
-
     fetched = subprocess.run([sys.executable, "-m", "flashq.cli", "fetch", str(REAL_CONFIG)], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
     run_dir = ROOT / ".cache" / "flashq" / "specdec-trained-smollm2-arithmetic"
-    if checkpoint.latest(run_dir) is None:
-        subprocess.run([sys.executable, "-m", "flashq.cli", "launch", str(REAL_CONFIG), f"log.run_dir={run_dir}",
-                        "log.tensorboard=false"], cwd=ROOT, check=True)
-    return [("start", ROOT / fetched), ("trained", checkpoint.latest(run_dir) / "trainer")]
+    return [("start", ROOT / fetched), ("trained", trained_checkpoint(run_dir, load_config(REAL_CONFIG).trainer.steps))]
+
+
+def trained_checkpoint(run_dir: Path, steps: int) -> Path:
+    """The trainer's weights at the end of the example's RL run in `run_dir`, training them first. A
+    run that a session's end cut off is never taken as trained: one with a checkpoint resumes from it
+    (`flashq launch --resume`), one cut before its first checkpoint is set aside and run again."""
+    from flashq import checkpoint
+
+    latest = checkpoint.latest(run_dir)
+    if latest is None or checkpoint.version_of(latest) < steps:
+        command = [sys.executable, "-m", "flashq.cli", "launch", str(REAL_CONFIG)]
+        if latest is not None:
+            print(f"specdec: resuming the cut-off training run in {run_dir} from {latest.name}")
+            command += ["--resume", str(run_dir)]
+        else:
+            if run_dir.exists():
+                aside = run_dir.with_name(f"{run_dir.name}.cut-{time.strftime('%Y%m%d-%H%M%S')}")
+                print(f"specdec: {run_dir} holds a training run cut off before its first checkpoint; moved to {aside}")
+                run_dir.rename(aside)
+            command += [f"log.run_dir={run_dir}", "log.tensorboard=false"]
+        subprocess.run(command, cwd=ROOT, check=True)
+        latest = checkpoint.latest(run_dir)
+    if latest is None or checkpoint.version_of(latest) < steps:
+        raise RuntimeError(f"specdec: the training run in {run_dir} ended without its step-{steps} checkpoint ({latest})")
+    return latest / "trainer"
 
 
 @dataclass(frozen=True)
