@@ -119,8 +119,8 @@ def real_models() -> list[tuple[str, Path]]:
 
 def trained_checkpoint(run_dir: Path, steps: int) -> Path:
     """The trainer's weights at the end of the example's RL run in `run_dir`, training them first. A
-    run that a session's end cut off is never taken as trained: one with a checkpoint resumes from it
-    (`flashq launch --resume`), one cut before its first checkpoint is set aside and run again."""
+    run that a session's end cut off is never taken as trained: one with a checkpoint (every 10 steps)
+    resumes from it (`flashq launch --resume`), one cut before its first is set aside and run again."""
     from flashq import checkpoint
 
     latest = checkpoint.latest(run_dir)
@@ -134,7 +134,7 @@ def trained_checkpoint(run_dir: Path, steps: int) -> Path:
                 aside = run_dir.with_name(f"{run_dir.name}.cut-{time.strftime('%Y%m%d-%H%M%S')}")
                 print(f"specdec: {run_dir} holds a training run cut off before its first checkpoint; moved to {aside}")
                 run_dir.rename(aside)
-            command += [f"log.run_dir={run_dir}", "log.tensorboard=false"]
+            command += [f"log.run_dir={run_dir}", "log.tensorboard=false", "trainer.checkpoint_every=10"]
         subprocess.run(command, cwd=ROOT, check=True)
         latest = checkpoint.latest(run_dir)
     if latest is None or checkpoint.version_of(latest) < steps:
