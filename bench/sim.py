@@ -138,6 +138,7 @@ def main() -> None:
         "repeats": args.repeats,
         "max_abs_error_vs_paper_figures": max(abs(r["rel_error"]) for r in papers),
         "paper_figures": len(papers),
+        "bounds": {"max_abs_error_vs_real_runs": "<= 0.15", "max_abs_error_vs_paper_figures": "<= 0.15"},
     }
     path = write_result("sim", {"calibration": cal.__dict__, "real_runs": rows, "paper_fit": fit.__dict__,
                                   "paper_figures": papers}, figures,

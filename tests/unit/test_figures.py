@@ -69,6 +69,19 @@ def test_a_missed_bound_shows_in_its_readme_row(tmp_path: Path):
     assert "`lora_reward_gain` 0.1 (bound ≥ 0.2)" in column and "lora_wall_minutes" not in column
 
 
+
+def test_the_long_tail_bounds_are_judged_once_the_file_states_them():
+    """longtail.json states its bounds from now on (bench/longtail.py BOUNDS): its summary then says
+    met or fails, and a missed one shows in the README's column."""
+    data = json.loads((figures.RESULTS / "longtail.json").read_text())
+    data["figures"].update(makespan_vs_oracle=1.17, tail_time_vs_fifo=0.2,
+                           bounds={"tail_time_vs_fifo": "<= 0.25", "makespan_vs_oracle": "<= 1.10"})
+    assert figures.longtail(data).endswith("the oracle's (fails ≤ 1.10)")
+    assert "`makespan_vs_oracle` 1.17 (bound ≤ 1.10)" in figures.missed(data)
+    assert "tail_time_vs_fifo" not in figures.missed(data)
+    data["figures"]["makespan_vs_oracle"] = 1.05
+    assert figures.longtail(data).endswith("(met ≤ 1.10)") and figures.missed(data) == "none"
+
 def test_readme_block_names_no_commit():
     block = figures.readme_block()
     assert not re.findall(r"\b[0-9a-f]{7,40}\b", block)
