@@ -51,6 +51,7 @@ CALIBRATION = ["sampling.forced_lengths.seed=2"]  # other lengths than the repor
 # quarter of FIFO's, the whole step within 10% of an oracle that knows every length in advance.
 BOUNDS = {"tail_time_vs_fifo": "<= 0.25", "makespan_vs_oracle": "<= 1.10"}
 
+
 def divided(chunk: int) -> tuple[str, list[str]]:
     return f"context_aware+divided/{chunk}", ["rollout.scheduler=context_aware", f"rollout.chunk_tokens={chunk}"]
 
