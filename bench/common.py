@@ -166,8 +166,12 @@ def plot_path(name: str) -> Path:
 
 
 def write_result(name: str, results: list[dict] | dict, figures: dict, notes: str = "") -> Path:
+    """Write bench/results/<name>.json; the figures it replaces go to `figures.earlier` (keep_earlier)
+    unless the benchmark archived them itself (it passes `earlier`)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
+    if "earlier" not in figures:
+        figures = keep_earlier(name, figures)
     doc = {
         "benchmark": name,
         "command": command_line(),
