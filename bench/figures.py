@@ -268,7 +268,7 @@ ENTRIES = {e.result: e for e in [
           "flashq's trainer step against a bare transformers step of the same batch", trainer_vs_bare),
     Entry("vs TRL", "vs_trl", "vs_trl", "flashq against TRL's `GRPOTrainer`, two jobs", vs_trl),
     Entry("parity", "parity", "parity", "α = 2 against synchronous training", _f(
-        "α = 2 reaches synchronous training's final reward ({final_reward_alpha2:.3f} vs {final_reward_sync:.3f}) "
+        "α = 2 ends at a final reward of {final_reward_alpha2:.3f} against synchronous training's {final_reward_sync:.3f}, "
         "in {wall_ratio_alpha2_vs_sync:.2f}× the time")),
     Entry("async rollout", "async_rollout", "async_rollout", "tokens/s at α = 0, 1, 2 with long-tailed lengths", _f(
         "α = 2 generates {tokens_per_s_alpha2_vs_sync:.2f}× the tokens/s of synchronous on long-tailed lengths")),
