@@ -203,11 +203,14 @@ async def run_mode(mode: str, draft: int | None, config: Path, model_dir: Path, 
 
 def average(runs: list[dict]) -> dict:
     """One row from repeated engines: the mean of each figure, and each engine's tokens/s by epoch
-    (in the order the engines ran: the k-th of two modes ran back to back)."""
+    (in the order the engines ran: the k-th of two modes ran back to back). A figure some engines
+    lack (acceptance length where the adaptive drafter proposed nothing) is the mean of the others'."""
     row = dict(runs[0])
-    for key, value in row.items():
-        if isinstance(value, float) and all(r[key] is not None for r in runs):
-            row[key] = float(np.mean([r[key] for r in runs]))
+    for key in row:
+        values = [r[key] for r in runs]
+        measured = [v for v in values if isinstance(v, float)]
+        if measured and all(v is None or isinstance(v, float) for v in values):
+            row[key] = float(np.mean(measured))
     for epoch in ("epoch1", "epoch2"):
         row[f"{epoch}_tokens_per_s_runs"] = [r[f"{epoch}_tokens_per_s"] for r in runs]
     return row
@@ -275,7 +278,11 @@ def calculator_figures(rows: list[dict], modes: list[str], sizes: list[int]) -> 
         return next(r for r in rows if r["max_num_seqs"] == size and r["mode"] == mode)
 
     small, full = min(sizes), max(sizes)
-    figures = {"grouped_mean_acceptance_length": min(row(s, "grouped")["epoch2_mean_acceptance_length"] for s in sizes)}
+    # where the adaptive drafter backed off to no drafts there is no acceptance length: named apart
+    accepted = {s: row(s, "grouped")["epoch2_mean_acceptance_length"] for s in sizes}
+    drafted = [a for a in accepted.values() if a is not None]
+    figures = {"grouped_mean_acceptance_length": min(drafted) if drafted else None,
+               "grouped_sizes_without_drafts": [s for s, a in accepted.items() if a is None]}
     for size, tag in [(small, ""), *([(full, f"_at_{full}")] if full != small else [])]:
         g = row(size, "grouped")
         for epoch, prefix in (("epoch2", ""), ("epoch1", "epoch1_")):
