@@ -38,9 +38,7 @@ import argparse
 import importlib.util
 import json
 import math
-import operator
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -53,29 +51,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
-from bench.figures import BOUNDS as SIDES, write as write_docs_tables  # noqa: E402
+from bench.figures import BOUNDS as SIDES, meets, parse_bound, write as write_docs_tables  # noqa: E402
 from bench.sweep_plan import BENCHES, SKIPPED, Bench  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 QUICK = RESULTS / "quick"
 DONE = common.KEPT / "sweep_done.jsonl"  # the full sweep's finished benchmarks, for --resume
-OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
 SPREAD_SUFFIXES = ("_per_seed", "_by_round", "_spread")
 
 
 # --- bounds -------------------------------------------------------------------------------------
-
-def parse_bound(text: str) -> tuple[str, float]:
-    """'>= 0.25' -> ('>=', 0.25): a bound as a result file's `bounds` dict writes it."""
-    m = re.fullmatch(r"\s*(>=|<=|==|>|<)\s*([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*", text)
-    if not m:
-        raise ValueError(f"not a bound: {text!r} (want a side, >= <= == > <, then a number)")
-    return m[1], float(m[2])
-
-
-def meets(value: float, op: str, limit: float) -> bool:
-    return OPS[op](value, limit)
-
 
 def is_number(v: object) -> bool:
     """Ints, floats and bools (a flip of `fits` is a change like any other), finite."""

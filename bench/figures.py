@@ -11,6 +11,7 @@ figure with the commit it was measured at. `python bench/figures.py` rewrites ev
 from __future__ import annotations
 
 import json
+import operator
 import re
 import sys
 from dataclasses import dataclass
@@ -69,6 +70,21 @@ BOUNDS = {
 }
 
 
+OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
+
+
+def parse_bound(text: str) -> tuple[str, float]:
+    """'>= 0.25' -> ('>=', 0.25): a bound as a result file's `bounds` dict writes it."""
+    m = re.fullmatch(r"\s*(>=|<=|==|>|<)\s*([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*", text)
+    if not m:
+        raise ValueError(f"not a bound: {text!r} (want a side, >= <= == > <, then a number)")
+    return m[1], float(m[2])
+
+
+def meets(value: float, op: str, limit: float) -> bool:
+    return OPS[op](value, limit)
+
+
 def bounds(d: dict) -> dict[str, tuple[float, str, str, bool]]:
     """figure -> (value, side, bound as the file writes it, met), for each figure whose bound the file states."""
     figs, out = d.get("figures") or {}, {}
@@ -77,13 +93,14 @@ def bounds(d: dict) -> dict[str, tuple[float, str, str, bool]]:
         if not isinstance(value, (int, float)):
             continue
         if fig in stated:
-            op, bound = stated[fig].split()
+            op, limit = parse_bound(stated[fig])
+            bound = stated[fig].split(op, 1)[1].strip()
         elif fig in BOUNDS and figs.get(BOUNDS[fig][0]) is not None:
             bound, op = figs[BOUNDS[fig][0]], BOUNDS[fig][1]
+            limit = float(bound)
         else:
             continue
-        ok = {">=": value >= float(bound), "<=": value <= float(bound), "==": value == float(bound)}[op]
-        out[fig] = (value, op, str(bound), ok)
+        out[fig] = (value, op, str(bound), meets(value, op, limit))
     return out
 
 

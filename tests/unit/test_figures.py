@@ -69,7 +69,6 @@ def test_a_missed_bound_shows_in_its_readme_row(tmp_path: Path):
     assert "`lora_reward_gain` 0.1 (bound ≥ 0.2)" in column and "lora_wall_minutes" not in column
 
 
-
 def test_the_long_tail_bounds_are_judged_once_the_file_states_them():
     """longtail.json states its bounds from now on in a `bounds` dict (bench/longtail.py BOUNDS, as
     quickstart, sim, chaos, real_model and specdec do): its summary then says met or fails, and a
@@ -82,6 +81,7 @@ def test_the_long_tail_bounds_are_judged_once_the_file_states_them():
     assert "tail_time_vs_fifo" not in figures.missed(data)
     data["figures"]["makespan_vs_oracle"] = 1.05
     assert figures.longtail(data).endswith("(met ≤ 1.10)") and figures.missed(data) == "none"
+
 
 def test_readme_block_names_no_commit():
     block = figures.readme_block()

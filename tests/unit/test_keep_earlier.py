@@ -1,4 +1,5 @@
-"""bench/common.py keep_earlier: a rerun archives the figures it replaces with where they ran; write_result\ndoes it for every benchmark that does not archive them itself."""
+"""bench/common.py keep_earlier: a rerun archives the figures it replaces with where they ran; write_result
+does it for every benchmark that does not archive them itself."""
 import json
 
 import bench.common as common
