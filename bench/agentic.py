@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import print_table, write_result  # noqa: E402
 from flashq.reporting.metrics import read_metrics  # noqa: E402
 
 CONFIG = ROOT / "configs" / "agentic_calculator.yaml"
@@ -124,7 +124,7 @@ def main() -> None:
                      ("reward_gain", "gain", "+.3f"), ("wall_minutes", "minutes", ".1f")])
         figures["reward_gain"] = learn["reward_gain"]
         figures["reward_gain_bound"] = 0.5  # as it learned before d32828a (about +0.6): issue 55's bound
-    path = write_result("agentic", {"throughput": rows, "learning": learn}, keep_earlier("agentic", figures),
+    path = write_result("agentic", {"throughput": rows, "learning": learn}, figures,
                         notes="episodes/s = episodes trained / seconds since generation started, at the last step; ratios "
                               "against the same round's sync run, medians over rounds. reward_trained_* = mean reward of the "
                               "episodes each run trained on (median over rounds). "

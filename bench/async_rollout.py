@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.scheduling.lengths import forced_length  # noqa: E402
 
@@ -128,7 +128,7 @@ def main() -> None:
             figures[f"tokens_per_s_alpha{alpha:g}_vs_sync_by_round"] = ratios
             figures[f"tokens_per_s_alpha{alpha:g}_vs_sync_spread"] = [min(ratios), max(ratios)]
         figures[f"engine_idle_share_alpha{alpha:g}"] = statistics.median(r["engine_idle_share"] for r in mine)
-    path = write_result("async_rollout", {"workload": wl, "runs": rows}, keep_earlier("async_rollout", figures),
+    path = write_result("async_rollout", {"workload": wl, "runs": rows}, figures,
                         notes="Full system runs (2 rollout workers, reward, trainer with per-step weight broadcast) on one 2-core CPU "
                         "machine; configurations take turns each round; ratios against the same round's alpha 0; figures are medians "
                         "over rounds with the spread.")

@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RESULTS, git_commit, keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import RESULTS, git_commit, print_table, write_result  # noqa: E402
 from bench.fuzz import blast  # noqa: E402
 from bench.torn import mount_small_disk, torn_resumes  # noqa: E402
 from flashq.config import load_config  # noqa: E402
@@ -407,7 +407,7 @@ def main() -> None:
                  ("rejected_from_live_peers", "rejected (rogue)", ",d"), ("impostor_messages_refused", "impostors refused", ",d"),
                  ("requests_quarantined", "quarantined", "d")])
     figures = summarize(runs, fuzzed)
-    path = write_result(args.name, {"runs": rows, "fuzz": fuzzed}, keep_earlier(args.name, figures), notes=(
+    path = write_result(args.name, {"runs": rows, "fuzz": fuzzed}, figures, notes=(
         "Every run: the tiny model, 2 rollout + 2 reward workers, async_ratio 2, checkpoints every 10 steps, on this "
         "machine's 2 cores. chaos and chaos-2-ranks add a rogue third reward worker (bench/rogue.py: honest answers, then ten "
         "kinds of well-formed but wrong messages after each); chaos-2-ranks trains on two gloo ranks and kills one of them "

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, print_table, write_result  # noqa: E402
 from bench.vs_trl import ENV, FLASHQ_SETTINGS, REAL_CONFIG, breakdown, final_reward, timed_launch  # noqa: E402
 
 COLOCATE = ["async_ratio=0", "placement.colocate=true", "placement.rollout_nice=0"]  # both on both cores, by protocol
@@ -85,7 +85,7 @@ def main() -> None:
                **{f"{mode}_final_reward": mean(mode, "final_reward") for mode in MODES},
                **{f"{mode}_steps_per_s": mean(mode, "steps_per_s") for mode in MODES},
                "seeds": args.seeds, "steps": args.steps, "settings": MODES}
-    path = write_result("colocate", rows, keep_earlier("colocate", figures),
+    path = write_result("colocate", rows, figures,
                         notes="Whole `flashq launch` commands (start-up included) of configs/smollm2_arithmetic.yaml with "
                               "evaluation off; colocate at async_ratio 0 (turns leave nothing to overlap), turns and split "
                               "at the config's async_ratio 2. s/step and the per-step parts are means after each run's first 10% of "

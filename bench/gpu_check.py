@@ -392,7 +392,7 @@ def main() -> None:
         print(RESULT_TAG + json.dumps(child(a)), flush=True)
         return
 
-    from bench.common import git_commit, keep_earlier, print_table, write_result
+    from bench.common import git_commit, print_table, write_result
 
     deadline = time.monotonic() + a.budget_s
     rows: dict[str, dict] = {}
@@ -417,7 +417,7 @@ def main() -> None:
     if a.save:
         a.save.write_text(json.dumps({"figures": figures, "rows": rows}, indent=1))
     if a.out != "none":
-        print(f"wrote {write_result(a.out, list(rows.values()), keep_earlier(a.out, figures))}")
+        print(f"wrote {write_result(a.out, list(rows.values()), figures)}")
     if a.smoke and figures["sections_failed"]:
         raise SystemExit(f"sections failed: {figures['sections_failed']}")
 

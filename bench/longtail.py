@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, plot_path, print_table, write_result  # noqa: E402
+from bench.common import plot_path, print_table, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.scheduling.lengths import forced_length  # noqa: E402
 
@@ -294,7 +294,7 @@ def main() -> None:
             r["time_vs_whole"] for r in overhead if r["prefix_cache"] == cache and r["chunk_tokens"] == picked)
     calibrated = [{k: v for k, v in r.items() if k != "per_step"} for r in calibration]
     path = write_result("longtail", {"workload": wl, "runs": rows, "calibration": calibrated, "chunk_overhead": overhead},
-                        keep_earlier("longtail", figures),
+                        figures,
                         notes="Synchronous steps on the real engine; makespan from the first request sent to the last "
                               "response back, per step; tail = makespan minus the time 90% of responses were back. The "
                               "chunk size was picked on calibration runs over other replayed lengths (results.calibration), "

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.agentic import throughput  # noqa: E402
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import print_table, write_result  # noqa: E402
 from flashq.agents.audit import audit_tokens  # noqa: E402
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -93,7 +93,7 @@ def main() -> None:
         "episodes_per_s_ratio_by_round": [a["episodes_per_s"] / n["episodes_per_s"]
                                           for a, n in zip(agents, [r for r in rows if r["system"] == "native"])],
     }
-    path = write_result("openai_agent", rows, keep_earlier("openai_agent", figures), notes=(
+    path = write_result("openai_agent", rows, figures, notes=(
         "Both systems start from one SFT checkpoint (flashq sft configs/agentic_calculator.yaml) and run with the same settings "
         "(their configs differ only in env.name vs env.agent and its endpoint settings), taking turns. episodes/s = episodes "
         "trained / seconds since generation started (bench/agentic.py). reward_gain = mean reward of the last 10% of steps "

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, plot_path, print_table, run_timed, write_result  # noqa: E402
+from bench.common import plot_path, print_table, run_timed, write_result  # noqa: E402
 
 
 # What the quickstart promises a new user on two cores: visible learning in a quarter of an hour.
@@ -80,7 +80,7 @@ def main() -> None:
                "reward_gain_per_seed": [r["reward_gain"] for r in rows],
                "eval_greedy_gain_per_seed": [r["eval_greedy_gain"] for r in rows],
                "wall_minutes_per_seed": [r["wall_minutes"] for r in rows], "bounds": BOUNDS}
-    path = write_result("quickstart", {"runs": rows, "summaries": summaries}, keep_earlier("quickstart", figures),
+    path = write_result("quickstart", {"runs": rows, "summaries": summaries}, figures,
                         notes="reward_gain: mean reward over the last 10% of RL steps minus the SFT model's sampled "
                               "(T=1) accuracy on fresh prompts; eval_greedy_gain: greedy accuracy on the held-out sums "
                               "(never trained) at the final weights minus at the SFT checkpoint (version 0); both the "

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, plot_path, print_table, run_timed, write_result  # noqa: E402
+from bench.common import plot_path, print_table, run_timed, write_result  # noqa: E402
 from bench.quickstart import seed_overrides  # noqa: E402
 
 
@@ -98,7 +98,7 @@ def main() -> None:
         "wall_minutes_per_seed": [r["wall_minutes"] for r in rows],
         "bounds": {"real_model_eval_greedy_gain": ">= 0.25", "real_model_wall_minutes": "<= 20"},
     }
-    path = write_result(args.name, {"runs": rows, "summaries": summaries}, keep_earlier(args.name, figures),
+    path = write_result(args.name, {"runs": rows, "summaries": summaries}, figures,
                         notes="eval_greedy_gain: greedy accuracy on held-out sums (a tenth of the prompts by hash, never "
                               "trained), an answer counting only inside <answer></answer> tags and right, at the final "
                               "weights minus at the start; the mean over seeds. wall_minutes: the whole "

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import vs_trl  # noqa: E402
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import print_table, write_result  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -93,7 +93,7 @@ def main() -> None:
     around = sum(v for k, v in r["cpu_s_per_step"].items() if k not in ("engine_core", "trainer"))
     figures = {"cpu_s_per_step": r["cpu_s_per_step"], "cpu_s_per_step_total": total, "core_s_per_step": r["core_s_per_step"],
                "busy_share_of_cores": total / r["core_s_per_step"], "share_outside_engine_and_trainer": around / total}
-    write_result("role_cpu", r, keep_earlier("role_cpu", figures),
+    write_result("role_cpu", r, figures,
                  notes="CPU seconds of each process over the whole run (start-up included) divided by its steps; "
                        "core_s_per_step: the step time after the first 10% of steps times the cores.")
 

@@ -56,7 +56,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, keep_earlier, print_table, weights_digest, write_result  # noqa: E402
+from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, print_table, weights_digest, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
 from flashq.envs.calculator import CalculatorMathEnv  # noqa: E402
 from flashq.wire.protocol import GenerateRequest  # noqa: E402
@@ -380,7 +380,6 @@ def main() -> None:
         print("a subset of the modes or workloads: nothing written (each engine's run is kept: the whole benchmark takes it up)")
         print(json.dumps(figures, indent=1))
         return
-    figures = keep_earlier("specdec", figures)
     small, full = min(sizes_of["calculator"]), max(sizes_of["calculator"])
     path = write_result("specdec", {"rows": rows, "calibration": calibration, "repeats": args.repeats,
                                     "bound_repeats": args.bound_repeats, "prompts": args.prompts,

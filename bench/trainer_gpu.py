@@ -297,7 +297,7 @@ def main() -> None:
         print(RESULT_TAG + json.dumps(child(a)), flush=True)
         return
 
-    from bench.common import keep_earlier, machine, print_table, write_result
+    from bench.common import machine, print_table, write_result
     from flashq.models.real_size import RealSizeSpec, ensure_real_size_model
 
     if a.shipped:
@@ -341,7 +341,7 @@ def main() -> None:
         "bf16_changed_frac_float32_masters": cfg_row.get("bf16_weights_changed_frac"),
         "bf16_changed_frac_bf16_masters": by.get("bf16-masters", {}).get("bf16_weights_changed_frac"),
     }
-    path = write_result(a.out, rows, keep_earlier(a.out, figures))
+    path = write_result(a.out, rows, figures)
     print(f"wrote {path}")
 
 

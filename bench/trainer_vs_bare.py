@@ -34,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import keep_earlier, print_table, write_result  # noqa: E402
+from bench.common import print_table, write_result  # noqa: E402
 
 CONFIG = ROOT / "configs" / "smollm2_arithmetic.yaml"
 
@@ -193,7 +193,7 @@ def main() -> None:
         "response_tokens_per_step": int(len(batch.response_ids)),
         "flashq_phase_share": split,
     }
-    path_out = write_result(args.name, rows, keep_earlier(args.name, figures),
+    path_out = write_result(args.name, rows, figures,
                             notes="Same batch, same process, same torch threads, taking turns; medians of the timed steps "
                                   "after one warm-up each. The ratio is the faster bare step's seconds over flashq's.")
     print(f"figures: trainer_tokens_per_s_vs_bare_hf {figures['trainer_tokens_per_s_vs_bare_hf']:.3f}\nwrote {path_out}")

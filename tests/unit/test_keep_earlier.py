@@ -18,7 +18,7 @@ def test_a_rerun_archives_the_old_figures_with_their_commit_and_cpu(tmp_path, mo
 
 
 def test_write_result_archives_what_it_replaces_for_every_benchmark(tmp_path, monkeypatch):
-    """A benchmark that never calls keep_earlier (parity, fuzz, sim...) still keeps its history."""
+    """Benchmarks pass their figures as they are; write_result keeps the history of each."""
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     common.write_result("p", [], {"gap": 0.005})
     common.write_result("p", [], {"gap": 0.021})
