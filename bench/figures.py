@@ -186,8 +186,11 @@ def specdec(d: dict) -> str:
     if f.get("real_model_grouped_tokens_per_s_vs_nospec") is None:
         return text
     bound, met = verdict(d, "real_model_grouped_tokens_per_s_vs_nospec")
+    trained = f["real_model_trained_grouped_tokens_per_s_vs_nospec"]
+    goal = (f.get("goals") or {}).get("real_model_trained_grouped_tokens_per_s_vs_nospec")
+    reached = "" if goal is None else f" (goal {goal}: {'reached' if meets(trained, *parse_bound(goal)) else 'not reached'})"
     return (f"{text}; on the real model {x(f['real_model_grouped_tokens_per_s_vs_nospec'])} at the start of training ({met} ≥ "
-            f"{bound}), {x(f['real_model_trained_grouped_tokens_per_s_vs_nospec'])} trained")
+            f"{bound}), {x(trained)} trained{reached}")
 
 
 def agentic(d: dict) -> str:

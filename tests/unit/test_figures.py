@@ -83,6 +83,17 @@ def test_the_long_tail_bounds_are_judged_once_the_file_states_them():
     assert figures.longtail(data).endswith("(met ≤ 1.10)") and figures.missed(data) == "none"
 
 
+def test_the_specdec_row_says_whether_the_trained_goal_is_reached():
+    """specdec.json states a goal beside its bound (grouped drafts on the trained real model); the
+    row says reached or not, from the file's own `goals`."""
+    data = json.loads((figures.RESULTS / "specdec.json").read_text())
+    data["figures"].update(real_model_trained_grouped_tokens_per_s_vs_nospec=0.948,
+                           goals={"real_model_trained_grouped_tokens_per_s_vs_nospec": ">= 1.5"})
+    assert figures.specdec(data).endswith("0.95× trained (goal >= 1.5: not reached)")
+    data["figures"]["real_model_trained_grouped_tokens_per_s_vs_nospec"] = 1.6
+    assert figures.specdec(data).endswith("1.60× trained (goal >= 1.5: reached)")
+
+
 def test_readme_block_names_no_commit():
     block = figures.readme_block()
     assert not re.findall(r"\b[0-9a-f]{7,40}\b", block)
