@@ -188,7 +188,10 @@ def specdec(d: dict) -> str:
     bound, met = verdict(d, "real_model_grouped_tokens_per_s_vs_nospec")
     trained = f["real_model_trained_grouped_tokens_per_s_vs_nospec"]
     goal = (f.get("goals") or {}).get("real_model_trained_grouped_tokens_per_s_vs_nospec")
-    reached = "" if goal is None else f" (goal {goal}: {'reached' if meets(trained, *parse_bound(goal)) else 'not reached'})"
+    reached = ""
+    if goal is not None:
+        op, limit = parse_bound(goal)
+        reached = f" (goal {sign(op)} {limit:g}: {'reached' if meets(trained, op, limit) else 'not reached'})"
     return (f"{text}; on the real model {x(f['real_model_grouped_tokens_per_s_vs_nospec'])} at the start of training ({met} ≥ "
             f"{bound}), {x(trained)} trained{reached}")
 

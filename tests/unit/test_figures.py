@@ -89,9 +89,9 @@ def test_the_specdec_row_says_whether_the_trained_goal_is_reached():
     data = json.loads((figures.RESULTS / "specdec.json").read_text())
     data["figures"].update(real_model_trained_grouped_tokens_per_s_vs_nospec=0.948,
                            goals={"real_model_trained_grouped_tokens_per_s_vs_nospec": ">= 1.5"})
-    assert figures.specdec(data).endswith("0.95× trained (goal >= 1.5: not reached)")
+    assert figures.specdec(data).endswith("0.95× trained (goal ≥ 1.5: not reached)")
     data["figures"]["real_model_trained_grouped_tokens_per_s_vs_nospec"] = 1.6
-    assert figures.specdec(data).endswith("1.60× trained (goal >= 1.5: reached)")
+    assert figures.specdec(data).endswith("1.60× trained (goal ≥ 1.5: reached)")
 
 
 def test_readme_block_names_no_commit():
