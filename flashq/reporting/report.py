@@ -52,6 +52,12 @@ def summarize(run_dir: Path) -> dict:
         "trainer_idle_share": float(np.mean([r.get("trainer/idle_share", 0.0) for r in steps[1:]] or [0.0])),
         "weight_sync_s": float(np.mean([r["trainer/weight_sync_s"] for r in steps])),
     }
+    lengths = [r["response/mean_tokens"] for r in steps if "response/mean_tokens" in r]
+    if lengths:  # a policy that stops answering and runs to the limit shows here first
+        truncated = [r.get("response/truncated_frac", 0.0) for r in steps if "response/mean_tokens" in r]
+        out["response_tokens_first_steps"] = float(np.mean(lengths[:window]))
+        out["response_tokens_final"] = float(np.mean(lengths[-window:]))
+        out["truncated_share_final"] = float(np.mean(truncated[-window:]))
     ledger = run_dir / "ledger.json"
     if ledger.exists():
         books = json.loads(ledger.read_text())
@@ -83,7 +89,7 @@ def plot(run_dir: Path, path: Path | None = None) -> Path:
     hist = np.array([[r.get(f"hist/staleness/{i}", 0.0) for i in range(bound + 1)] for r in steps])
     shares = hist / np.maximum(hist.sum(1, keepdims=True), 1)
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2])
+    fig, (ax1, ax3, ax2) = plt.subplots(3, 1, figsize=(8, 8), sharex=True, height_ratios=[3, 2, 2])
     ax1.plot(x, rewards, color="tab:blue", alpha=0.3, label="batch mean reward")
     ax1.plot(x, smooth(rewards, max(1, len(x) // 10)), color="tab:blue", label="smoothed")
     evals = read_metrics(run_dir / "metrics.jsonl", kind="eval")
@@ -97,6 +103,19 @@ def plot(run_dir: Path, path: Path | None = None) -> Path:
     ax1.set_ylim(-0.02, 1.02)
     ax1.legend(loc="upper left")
     ax1.grid(alpha=0.3)
+    lengths = [(r["step"], r["response/mean_tokens"], r.get("response/truncated_frac", 0.0)) for r in steps if "response/mean_tokens" in r]
+    if lengths:
+        lx, mean_tokens, truncated = zip(*lengths)
+        ax3.plot(lx, mean_tokens, color="tab:green", label="mean response tokens")
+        ax3.set_ylabel("tokens")
+        ax3.set_ylim(bottom=0)
+        ax3.grid(alpha=0.3)
+        share = ax3.twinx()
+        share.plot(lx, truncated, color="tab:gray", ls="--", label="share cut at max_tokens")
+        share.set_ylim(-0.02, 1.02)
+        share.set_ylabel("truncated")
+        handles = ax3.get_legend_handles_labels()[0] + share.get_legend_handles_labels()[0]
+        ax3.legend(handles=handles, loc="upper left", fontsize=8)
     bottom = np.zeros(len(x))
     colors = plt.cm.viridis(np.linspace(0.1, 0.9, bound + 1))
     for i in range(bound + 1):
@@ -105,7 +124,7 @@ def plot(run_dir: Path, path: Path | None = None) -> Path:
     ax2.set_ylabel("share of trained tokens")
     ax2.set_xlabel("trainer step")
     ax2.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{run_dir.name}: reward and token staleness")
+    fig.suptitle(f"{run_dir.name}: reward, response length and token staleness")
     fig.tight_layout()
     out = path or run_dir / "report.png"
     fig.savefig(out, dpi=110)
@@ -120,6 +139,9 @@ def summary_text(s: dict) -> str:
         f"staleness max {s['staleness_max']:.0f}, mean {s['staleness_mean']:.2f}, violations {s['staleness_violations']:.0f}",
         f"rollout {s['tokens_per_s']:,.0f} tokens/s, idle {100 * s['rollout_idle_share']:.0f}%; trainer idle {100 * s['trainer_idle_share']:.0f}%; weight sync {s['weight_sync_s']:.2f}s",
     ]
+    if "response_tokens_final" in s:
+        lines.append(f"responses {s['response_tokens_first_steps']:.1f} -> {s['response_tokens_final']:.1f} tokens (mean), "
+                     f"{100 * s['truncated_share_final']:.0f}% cut at max_tokens at the end")
     if "samples_trained" in s:
         lines.append(f"samples trained {s['samples_trained']}, rejected frames {s.get('rejected_frames', 0)}")
     if "eval_first" in s:

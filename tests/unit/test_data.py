@@ -76,6 +76,21 @@ def test_reasoning_gym_tasks_are_seeded_and_score_with_their_own_checker():
     assert other["prompt"] == t["prompt"].rsplit("\n", 1)[0] + "\nAnswer like <answer>42</answer>."
     assert other["answer"] == t["answer"]
     assert score_with_format(t, "inside <answer></answer> inside <answer> </answer>") == 0.0  # empty tags are no answer
+    assert score_with_format(t, f"inside <answer></answer> tags: <answer>{t['answer']}</answer>") == 1.0
+
+
+def test_several_tagged_answers_are_no_answer():
+    """A guess in tags at each number, the last one right, earned full marks when the last span
+    was the answer: SmolLM2-135M-Instruct learned to do it (flashq.rewards.reasoning_gym.extract_answer)."""
+    from flashq.rewards.reasoning_gym import score, score_accuracy_and_format, score_with_format
+
+    cfg = TaskConfig(kind="reasoning_gym", seed=5, reasoning_gym=ReasoningGymConfig(name="basic_arithmetic", size=50))
+    t = make_task_source(cfg).task(0)
+    right, wrong = str(t["answer"]), str(int(t["answer"]) + 1)
+    guessed = f"<answer>{wrong}</answer>\n{wrong} is the first number.\n<answer>{right}</answer>\n{right} is"
+    assert score(t, guessed) == score_with_format(t, guessed) == score_accuracy_and_format(t, guessed) == 0.0
+    assert score_with_format(t, f"<answer>{right}</answer> so <answer>{right}</answer>") == 0.0  # only one answer is asked for
+    assert score_with_format(t, f"<answer>{right}</answer> and then some words") == 1.0
 
 
 def test_chat_messages_with_and_without_system_prompt():
