@@ -5,7 +5,8 @@ Typed figures go stale without anyone noticing; generated ones carry the date (a
 the commit and host) of the file they came from, and tests/unit/test_figures.py fails when the
 text no longer matches the files. A page's history below its generated head stays typed, each
 figure with the commit it was measured at. `python bench/figures.py` rewrites every block;
-`--check` exits 1 naming each file whose block is stale.
+`--check` exits 1 naming each file whose block is stale. A figure quoted in prose sits between
+`<!-- figure:NAME -->` and `<!-- /figure -->` (NAME: a result file) and is generated the same way.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def real_model(d: dict) -> str:
     return (f"SmolLM2-135M-Instruct learning sums in tags: held-out greedy {start:.3f} → "
             f"{start + f['real_model_eval_greedy_gain']:.3f} (bound {float(gain_bound):+g}: {gain}), "
             f"slowest run {f['real_model_wall_minutes']:.1f} min "
-            f"(bound {wall_bound}: {wall.replace('fails', 'fails, cold start')})")
+            f"(bound {wall_bound}: {wall})")
 
 
 def trainer_vs_bare(d: dict) -> str:
@@ -385,6 +386,37 @@ TARGETS: dict[str, Callable[..., str]] = {
 }
 
 
+INLINE = re.compile(r"(<!-- figure:(\w+) -->)(.*?)(<!-- /figure -->)", re.DOTALL)
+
+
+def inline_text(entry: Entry, results: Path = RESULTS) -> str:
+    """A figure quoted in prose (between `<!-- figure:NAME -->` and `<!-- /figure -->`, NAME a
+    result file): its row's words with the date and host, no commit (prose is for users)."""
+    d = json.loads((results / f"{entry.result}.json").read_text())
+    return f"{entry.summary(d)} (measured {d['date'][:10]}, {cpu(d['machine'].get('cpu_model'))})"
+
+
+def with_inline(text: str, name: str, results: Path = RESULTS) -> str:
+    def one(m: re.Match) -> str:
+        if m[2] not in ENTRIES:
+            raise ValueError(f"{name}: <!-- figure:{m[2]} --> names no result file with a row (bench/figures.py ENTRIES)")
+        return f"{m[1]}{inline_text(ENTRIES[m[2]], results)}{m[4]}"
+    return INLINE.sub(one, text)
+
+
+def prose_files(root: Path = ROOT) -> list[str]:
+    """README.md and the docs that quote a figure in prose."""
+    names = ["README.md", *sorted(str(p.relative_to(root)) for p in (root / "docs").rglob("*.md"))]
+    return [n for n in names if INLINE.search((root / n).read_text())]
+
+
+def render(name: str, text: str, results: Path = RESULTS) -> str:
+    """`text` of the file `name` with its generated block and its prose figures as the files give them."""
+    if name in TARGETS:
+        text = splice(text, TARGETS[name](results), name)
+    return with_inline(text, name, results)
+
+
 def splice(text: str, block: str, name: str) -> str:
     """`text` with the generated block between the markers replaced by `block`."""
     head, sep, rest = text.partition(BEGIN)
@@ -395,17 +427,17 @@ def splice(text: str, block: str, name: str) -> str:
 
 
 def stale(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
-    """The target files whose block differs from what the result files give."""
-    return [name for name, make in TARGETS.items()
-            if (root / name).read_text() != splice((root / name).read_text(), make(results), name)]
+    """The files whose block or prose figures differ from what the result files give."""
+    names = [*TARGETS, *(n for n in prose_files(root) if n not in TARGETS)]
+    return [name for name in names if (root / name).read_text() != render(name, (root / name).read_text(), results)]
 
 
 def write(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
-    """Rewrite the stale blocks; the names of the files rewritten."""
+    """Rewrite the stale blocks and prose figures; the names of the files rewritten."""
     changed = stale(root, results)
     for name in changed:
         path = root / name
-        path.write_text(splice(path.read_text(), TARGETS[name](results), name))
+        path.write_text(render(name, path.read_text(), results))
     return changed
 
 

@@ -97,3 +97,24 @@ def test_the_specdec_row_says_whether_the_trained_goal_is_reached():
 def test_readme_block_names_no_commit():
     block = figures.readme_block()
     assert not re.findall(r"\b[0-9a-f]{7,40}\b", block)
+
+
+def test_a_figure_quoted_in_prose_follows_its_file(tmp_path: Path):
+    """The README's and the how-to's real-model sentence is generated too: a re-run changes it."""
+    results = tmp_path / "results"
+    shutil.copytree(figures.RESULTS, results)
+    path = results / "real_model.json"
+    data = json.loads(path.read_text())
+    data["figures"]["real_model_wall_minutes"], data["date"] = 31.5, "2031-01-02T00:00:00+0000"
+    path.write_text(json.dumps(data))
+    assert "docs/how-to/real-models.md" in figures.prose_files()
+    assert {"README.md", "docs/how-to/real-models.md"} <= set(figures.stale(ROOT, results))
+    quoted = figures.with_inline((ROOT / "README.md").read_text(), "README.md", results)
+    assert "slowest run 31.5 min (bound 20: fails)" in quoted
+    assert "(measured 2031-01-02, " in quoted
+    try:
+        figures.with_inline("<!-- figure:nonesuch --><!-- /figure -->", "x.md")
+    except ValueError as e:
+        assert "figure:nonesuch" in str(e)
+    else:
+        raise AssertionError("an unknown figure name must be refused")
