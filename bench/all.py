@@ -290,12 +290,27 @@ def moved_text(outcome: dict) -> str:
     return ", ".join(moved) or "none"
 
 
+def code_changes(commits: dict[str, str | None], head: str | None) -> dict[str, list[str]]:
+    """For each result file measured at another commit than `head`: the files under flashq/ and
+    configs/ changed since, which its figures may no longer describe (none: the same code)."""
+    out: dict[str, list[str]] = {}
+    for name, commit in commits.items():
+        if not (commit and head) or head.startswith(commit[:7]):
+            continue
+        diff = subprocess.run(["git", "diff", "--name-only", commit, head, "--", "flashq", "configs"], cwd=ROOT,
+                              capture_output=True, text=True)
+        out[name] = diff.stdout.split() if diff.returncode == 0 else [f"(commit {commit[:7]} is not in this clone)"]
+    return out
+
+
 def summary(outcomes: list[dict], commits: dict[str, str | None], head: str | None, quick: bool) -> dict:
-    """sweep.json's figures: who ran how, the commit every result file names, what moved, which bounds fail."""
+    """sweep.json's figures: who ran how, the commit every result file names, the code changed under
+    each one measured at another commit, what moved, which bounds fail."""
     by = lambda status: [o["name"] for o in outcomes if o["status"] == status]  # noqa: E731
     return {"mode": "quick" if quick else "full", "commit": head, "ok": by("ok"), "failed": by("failed"),
             "not_written": by("not written"), "done_earlier": by("done earlier"), "skipped": {o["name"]: o["reason"] for o in outcomes if o["status"] == "skipped"},
             "commits": commits, "at_other_commits": sorted(n for n, c in commits.items() if not (c and head and head.startswith(c[:7]))),
+            "code_changed_since": code_changes(commits, head),
             "moved": {o["name"]: [r["figure"] for r in o["compared"] if r["moved"]] for o in outcomes
                       if any(r["moved"] for r in o["compared"] or [])},
             "bounds_not_met": {o["name"]: [r["figure"] for r in o["bounds"] if r["met"] is False] for o in outcomes

@@ -135,6 +135,14 @@ def test_summary_names_files_at_other_commits_moves_and_unmet_bounds():
     assert s["at_other_commits"] == ["b", "c"]
     assert s["moved"] == {"a": ["h"]} and s["bounds_not_met"] == {"a": ["g"]}
     assert s["ok"] == ["a"] and s["skipped"] == {"b": "no CUDA"}
+    assert s["code_changed_since"] == {"b": ["(commit 0ld0000 is not in this clone)"]}  # c names no commit
+
+
+def test_the_code_changed_under_a_figure_is_named():
+    """A file measured at the sweep's ff25a2b names the files the real-model reward fix (caf61c7)
+    changed; a file measured at the fix itself is current and not listed."""
+    changed = sweep.code_changes({"old": "ff25a2b042733d30d618e857d7cd543f58d12927", "same": "caf61c7"}, "caf61c71219de181806dd5e2a3415eab5f919be6")
+    assert changed == {"old": ["configs/smollm2_arithmetic.yaml", "flashq/reporting/report.py", "flashq/rewards/reasoning_gym.py"]}
 
 
 def test_the_plan_covers_every_result_file():
