@@ -28,8 +28,8 @@ the baseline and reports "no baseline". Baselines are per host: compare runs on 
 A full sweep outlasts a session here, and a session's end kills what runs. Each benchmark that
 ends well is written to bench/results/kept/sweep_done.jsonl (name, commit, date); `--resume` leaves
 out those done at this commit whose file still names it, and lists them in the report as "done
-earlier" with their bounds judged. A benchmark cut off mid-way runs again (vs_trl, specdec and
-colocate take up the runs they kept).
+earlier" with their bounds judged. A benchmark cut off mid-way runs again (vs_trl, specdec,
+colocate and real_model take up the runs they kept).
 """
 
 from __future__ import annotations

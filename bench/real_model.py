@@ -10,6 +10,10 @@ Seed k sets every seed in the config; seed 0 is exactly the user's command. Seed
 the settings (bench/results/real_model_calibration.json) and are left out of the default seeds.
 
     python bench/real_model.py                   # writes bench/results/real_model.json
+
+Each seed's run is kept as it ends (bench/results/kept/<name>_runs.jsonl, with the code
+fingerprint and CPU model): a command cut off goes on from the next seed when run again on the
+same committed code and the same kind of CPU.
     python bench/real_model.py --seeds 1 2 --name real_model_calibration   # the calibration runs
 """
 
@@ -26,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import plot_path, print_table, run_timed, write_result  # noqa: E402
+from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, plot_path, print_table, run_timed, write_result  # noqa: E402
 from bench.quickstart import seed_overrides  # noqa: E402
 
 
@@ -70,16 +74,26 @@ def main() -> None:
     ap.add_argument("--name", default="real_model", help="the result file's name (bench/results/NAME.json)")
     args = ap.parse_args()
 
+    # a seed's run is kept as it ends: on a slow host three seeds outlast a session, and a rerun on
+    # the same committed code and CPU goes on from the next seed
+    kept = KeptRuns(KEPT / f"{args.name}_runs.jsonl", {"code": code_fingerprint("bench/real_model.py", "bench/quickstart.py",
+                                                                               "launch/real_model.sh"),
+                                                       "cpu_model": cpu_model(), "overrides": args.overrides})
     rows, summaries = [], []
     with tempfile.TemporaryDirectory(prefix="flashq-real-model-") as tmp:
         for seed in args.seeds:
             work = (args.keep or Path(tmp)) / f"seed-{seed}"
-            wall, summary = run_once(work, [*seed_overrides(seed), *args.overrides])
-            if seed == args.seeds[0] and args.name == "real_model" and not args.overrides:
-                shutil.copy(work / "run" / "report.png", plot_path("real_model.png"))
-            rows.append(result_row(seed, wall, summary))
-            summaries.append(summary)
-            shutil.rmtree(work / "cache", ignore_errors=True)  # 540 MB a seed
+
+            def go(seed: int = seed, work: Path = work) -> dict:
+                wall, summary = run_once(work, [*seed_overrides(seed), *args.overrides])
+                if seed == args.seeds[0] and args.name == "real_model" and not args.overrides:
+                    shutil.copy(work / "run" / "report.png", plot_path("real_model.png"))
+                shutil.rmtree(work / "cache", ignore_errors=True)  # 540 MB a seed
+                return {"wall_s": wall, "summary": summary}
+
+            run = kept.run({"seed": seed}, go)
+            rows.append(result_row(seed, run["wall_s"], run["summary"]))
+            summaries.append(run["summary"])
 
     print_table(
         "real model: SmolLM2-135M-Instruct, async GRPO (alpha=2) on 2 CPU cores, from an empty model cache",
