@@ -240,8 +240,9 @@ def plot(curves: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(jobs), figsize=(7 * len(jobs), 4), squeeze=False)
     for ax, job in zip(axes[0], jobs):
         colors = {"flashq": "tab:blue", "trl": "tab:orange", "flashq + grouped drafts": "tab:green"}
+        others = iter(["tab:purple", "tab:brown", "tab:gray", "tab:olive"])  # a mode each, never the default cycle's blue again
         for system, runs in curves[job].items():
-            color = colors.get(system)
+            color = colors.get(system) or next(others)
             for i, run in enumerate(runs):
                 t = [x for x, _ in run["curve"]]
                 r = [y for _, y in run["curve"]]
