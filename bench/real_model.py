@@ -10,11 +10,11 @@ Seed k sets every seed in the config; seed 0 is exactly the user's command. Seed
 the settings (bench/results/real_model_calibration.json) and are left out of the default seeds.
 
     python bench/real_model.py                   # writes bench/results/real_model.json
+    python bench/real_model.py --seeds 1 2 --name real_model_calibration   # the calibration runs
 
 Each seed's run is kept as it ends (bench/results/kept/<name>_runs.jsonl, with the code
 fingerprint and CPU model): a command cut off goes on from the next seed when run again on the
 same committed code and the same kind of CPU.
-    python bench/real_model.py --seeds 1 2 --name real_model_calibration   # the calibration runs
 """
 
 from __future__ import annotations

@@ -52,12 +52,11 @@ def summarize(run_dir: Path) -> dict:
         "trainer_idle_share": float(np.mean([r.get("trainer/idle_share", 0.0) for r in steps[1:]] or [0.0])),
         "weight_sync_s": float(np.mean([r["trainer/weight_sync_s"] for r in steps])),
     }
-    lengths = [r["response/mean_tokens"] for r in steps if "response/mean_tokens" in r]
-    if lengths:  # a policy that stops answering and runs to the limit shows here first
-        truncated = [r.get("response/truncated_frac", 0.0) for r in steps if "response/mean_tokens" in r]
-        out["response_tokens_first_steps"] = float(np.mean(lengths[:window]))
-        out["response_tokens_final"] = float(np.mean(lengths[-window:]))
-        out["truncated_share_final"] = float(np.mean(truncated[-window:]))
+    sized = [r for r in steps if "response/mean_tokens" in r]
+    if sized:  # a policy that stops answering and runs to the limit shows here first
+        out["response_tokens_first_steps"] = float(np.mean([r["response/mean_tokens"] for r in sized[:window]]))
+        out["response_tokens_final"] = float(np.mean([r["response/mean_tokens"] for r in sized[-window:]]))
+        out["truncated_share_final"] = float(np.mean([r.get("response/truncated_frac", 0.0) for r in sized[-window:]]))
     ledger = run_dir / "ledger.json"
     if ledger.exists():
         books = json.loads(ledger.read_text())

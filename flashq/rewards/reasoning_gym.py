@@ -66,9 +66,10 @@ def score_accuracy_and_format(task: dict, response: str) -> float:
     ends on the right number in ~8% of samples at T = 1 but answers in the tags in none of them, so
     under `score_with_format` a group is all 0 and, without dynamic sampling, nothing is learned.
     A response passes (greedy accuracy, pass@k) only at 1: right and in the tags."""
-    if len(answers(response)) > 1:
+    found = answers(response)
+    if len(found) > 1:
         return 0.0
-    tagged = extract_answer(response)
+    tagged = found[0] if found else None
     numbers = _NUMBER.findall(response)
     answer = tagged or (numbers[-1] if numbers else None)
     if not answer:

@@ -13,6 +13,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from bench import figures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,13 +25,20 @@ def test_readme_and_docs_blocks_match_the_result_files():
     assert not stale, f"stale benchmark figures in {', '.join(stale)}: run python bench/figures.py"
 
 
-def test_a_changed_figure_changes_its_row(tmp_path: Path):
+def _results_with(tmp_path: Path, name: str, **changed: float) -> tuple[Path, dict]:
+    """A copy of bench/results with figures of `name` changed and its date moved to 2031-01-02."""
     results = tmp_path / "results"
     shutil.copytree(figures.RESULTS, results)
-    path = results / "quickstart.json"
+    path = results / f"{name}.json"
     data = json.loads(path.read_text())
-    data["figures"]["reward_gain"], data["date"] = 0.123, "2031-01-02T00:00:00+0000"
+    data["figures"].update(changed)
+    data["date"] = "2031-01-02T00:00:00+0000"
     path.write_text(json.dumps(data))
+    return results, data
+
+
+def test_a_changed_figure_changes_its_row(tmp_path: Path):
+    results, data = _results_with(tmp_path, "quickstart", reward_gain=0.123)
 
     def row(block: str) -> str:
         return next(line for line in block.splitlines() if line.startswith("| [quickstart]"))
@@ -57,13 +66,8 @@ def test_every_bound_a_result_file_states_is_judged():
 
 def test_a_missed_bound_shows_in_its_readme_row(tmp_path: Path):
     """A figure that misses its stated bound is named in the README row, met ones are not."""
-    results = tmp_path / "results"
-    shutil.copytree(figures.RESULTS, results)
-    path = results / "lora.json"
-    data = json.loads(path.read_text())
-    data["figures"]["lora_reward_gain"], data["figures"]["lora_reward_gain_bound"] = 0.1, 0.2
-    data["figures"]["lora_wall_minutes"], data["figures"]["lora_wall_minutes_bound"] = 9.0, 15.0
-    path.write_text(json.dumps(data))
+    results, _ = _results_with(tmp_path, "lora", lora_reward_gain=0.1, lora_reward_gain_bound=0.2,
+                               lora_wall_minutes=9.0, lora_wall_minutes_bound=15.0)
     row = next(line for line in figures.readme_block(results).splitlines() if line.startswith("| [LoRA]"))
     column = row.rsplit("|", 2)[1]
     assert "`lora_reward_gain` 0.1 (bound ≥ 0.2)" in column and "lora_wall_minutes" not in column
@@ -101,20 +105,11 @@ def test_readme_block_names_no_commit():
 
 def test_a_figure_quoted_in_prose_follows_its_file(tmp_path: Path):
     """The README's and the how-to's real-model sentence is generated too: a re-run changes it."""
-    results = tmp_path / "results"
-    shutil.copytree(figures.RESULTS, results)
-    path = results / "real_model.json"
-    data = json.loads(path.read_text())
-    data["figures"]["real_model_wall_minutes"], data["date"] = 31.5, "2031-01-02T00:00:00+0000"
-    path.write_text(json.dumps(data))
+    results, _ = _results_with(tmp_path, "real_model", real_model_wall_minutes=31.5)
     assert "docs/how-to/real-models.md" in figures.prose_files()
     assert {"README.md", "docs/how-to/real-models.md"} <= set(figures.stale(ROOT, results))
     quoted = figures.with_inline((ROOT / "README.md").read_text(), "README.md", results)
     assert "slowest run 31.5 min (bound 20: fails)" in quoted
     assert "(measured 2031-01-02, " in quoted
-    try:
+    with pytest.raises(ValueError, match="figure:nonesuch"):
         figures.with_inline("<!-- figure:nonesuch --><!-- /figure -->", "x.md")
-    except ValueError as e:
-        assert "figure:nonesuch" in str(e)
-    else:
-        raise AssertionError("an unknown figure name must be refused")
