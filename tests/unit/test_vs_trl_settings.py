@@ -140,3 +140,26 @@ def test_colocate_benchmark_goes_on_where_it_was_cut_off(tmp_path, monkeypatch):
     monkeypatch.setattr(colocate, "code_fingerprint", lambda *extra: "newer")
     colocate.measured_runs(24, [0])  # other code: run again
     assert len(calls) == 12
+
+
+def test_trls_paged_setting_trains_float32_weights():
+    """TRL's paged generation casts the policy to bf16 in place and leaves it there; the runner's
+    callback must put the float32 weights back before each optimizer step, so an update below
+    bf16's resolution still lands (as it does in TRL's other settings)."""
+    from bench.trl_runner import float32_masters
+
+    model = torch.nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    callback = float32_masters(model)
+    for _ in range(3):
+        callback.on_step_begin(None, None, None)
+        model.to(torch.bfloat16)  # what GRPOTrainer does before `generate_batch`
+        model(torch.ones(1, 4, dtype=torch.bfloat16)).sum().backward()
+        callback.on_pre_optimizer_step(None, None, None)
+        assert model.weight.dtype == model.weight.grad.dtype == torch.float32
+        opt.step()
+        opt.zero_grad()
+    # three steps of 1e-4 each: 1 - 3e-4 in float32; in bf16 (resolution 2^-8 near 1) they would vanish
+    assert model.weight[0, 0].item() == pytest.approx(1 - 3e-4, rel=1e-6)
