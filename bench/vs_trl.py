@@ -39,6 +39,7 @@ The systems take turns, seed by seed, so a drifting host slows both alike.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
-from bench.common import KEPT, RESULTS, KeptRuns, cpu_model, git_commit, plot_path, print_table, write_result  # noqa: E402
+from bench.common import KEPT, RESULTS, KeptRuns, cpu_model, git_commit, plot_path, print_table, weights_digest, write_result  # noqa: E402
 from bench.common import code_fingerprint as common_fingerprint  # noqa: E402
 from bench.trl_runner import SETTINGS as TRL_SETTINGS  # noqa: E402
 from bench.trl_runner import trl_schedule  # noqa: E402
@@ -343,16 +344,21 @@ def code_fingerprint() -> str:
     return common_fingerprint("bench/vs_trl.py", "bench/trl_runner.py")
 
 
-def reported_runs(job: str, steps: int, settings: dict[str, str], work: Path) -> KeptRuns:
-    """A job's reported runs, each with the commit and date it ran at. Job R's (hours on a CPU,
-    longer than a session) are kept as each ends, so a rerun goes on where one was cut off, on
-    the same committed code, CPU model, steps and chosen settings. The toy jobs start from an SFT
-    made in the command's own folder `work`, which a later command would not share: their runs
-    are kept in that folder and go with it."""
-    if job != "r":
-        return KeptRuns(work / f"job_{job}_runs.jsonl", {"job": job})
-    return KeptRuns(REPORTED_RUNS, {"job": job, "code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps,
-                                    "settings": settings})
+def reported_runs(job: str, steps: int, settings: dict[str, str], work: Path, sft: Path) -> KeptRuns:
+    """A job's reported runs, each with the commit and date it ran at, kept as each ends so that a
+    rerun goes on where one was cut off (the three jobs outlast a session on a CPU), on the same
+    committed code, CPU model, steps and settings. The toy jobs start from an SFT made anew by each
+    command (deterministic on one host); their runs are taken up only from the same SFT weights and,
+    for job B, the same tasks."""
+    if job == "r":
+        return KeptRuns(REPORTED_RUNS, {"job": job, "code": code_fingerprint(), "cpu_model": cpu_model(), "steps": steps,
+                                        "settings": settings})
+    start = {"sft": weights_digest(sft)}
+    if job == "b":
+        start["tasks"] = hashlib.sha256((work / "repeat.jsonl").read_bytes()).hexdigest()[:16]
+    code = common_fingerprint("bench/vs_trl.py", "bench/trl_runner.py", "bench/repeat_task.py")
+    return KeptRuns(KEPT / f"vs_trl_job_{job}_runs.jsonl", {"job": job, "code": code, "cpu_model": cpu_model(), "steps": steps,
+                                                            "start": start})
 
 
 def calibrate(steps: int) -> None:
@@ -428,7 +434,7 @@ def main() -> None:
             sft = make_sft(job, work)
             runs: dict[str, list[dict]] = {"trl": [], **{mode: [] for mode in JOBS[job]["modes"]}}
             trl_setting, flashq_setting = (chosen["trl"], chosen["flashq"]) if job == "r" else ("default", "turns")
-            kept = reported_runs(job, steps[job], {"trl": trl_setting, "flashq": flashq_setting}, work)
+            kept = reported_runs(job, steps[job], {"trl": trl_setting, "flashq": flashq_setting}, work, sft)
             for seed in range(args.seeds):  # the systems take turns
                 runs["trl"].append(kept.run({"system": "trl", "seed": seed},
                                             lambda: run_trl(job, work, sft, steps[job], seed, trl_setting)))

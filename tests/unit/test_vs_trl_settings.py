@@ -1,6 +1,8 @@
 """bench/vs_trl.py gives both systems one optimizer: flashq's overrides decay exactly the
 parameters transformers' Trainer (TRL's) decays, on the model both train."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Trainer
@@ -71,9 +73,10 @@ def test_an_interrupted_calibration_goes_on_where_it_stopped(tmp_path, monkeypat
     assert len(calls) == 24
 
 
-def test_reported_job_r_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch):
-    """Job R's reported runs outlast a session: each finished run is kept with the commit it ran
-    at and reused only under the same code, CPU, steps and settings; toy jobs keep nothing."""
+def test_reported_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch):
+    """Reported runs outlast a session: each finished run is kept with the commit it ran at and
+    reused only under the same code, CPU, steps and settings (job R), and for the toy jobs, whose
+    SFT each command makes anew, only from the same SFT weights and tasks."""
     from bench import common
     from bench import vs_trl
 
@@ -91,20 +94,34 @@ def test_reported_job_r_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch
         return run
 
     trl0, flashq0 = {"system": "trl", "seed": 0}, {"system": "flashq", "seed": 0}
-    first = vs_trl.reported_runs("r", 40, settings, tmp_path)
+    first = vs_trl.reported_runs("r", 40, settings, tmp_path, tmp_path)
     assert first.run(trl0, go("trl0"))["name"] == "trl0"
     monkeypatch.setattr(common, "git_commit", lambda: "c2")  # a later commit that left the code as it was
-    again = vs_trl.reported_runs("r", 40, settings, tmp_path)
+    again = vs_trl.reported_runs("r", 40, settings, tmp_path, tmp_path)
     assert again.run(trl0, go("trl0 again")) == {**again.run(trl0, go("-")), "name": "trl0", "git_commit": "c1"}
     assert again.run(flashq0, go("flashq0"))["git_commit"] == "c2"
     assert calls == ["trl0", "flashq0"]
     for steps, changed in [(12, settings), (40, {**settings, "trl": "default"})]:
-        assert vs_trl.reported_runs("r", steps, changed, tmp_path).kept == {}
+        assert vs_trl.reported_runs("r", steps, changed, tmp_path, tmp_path).kept == {}
     monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "newer")
-    assert vs_trl.reported_runs("r", 40, settings, tmp_path).kept == {}
-    toy = vs_trl.reported_runs("a", 40, settings, tmp_path / "first command")
-    toy.run(trl0, go("a0"))
-    assert vs_trl.reported_runs("a", 40, settings, tmp_path / "next command").kept == {} and len(calls) == 3
+    assert vs_trl.reported_runs("r", 40, settings, tmp_path, tmp_path).kept == {}
+    monkeypatch.setattr(vs_trl, "KEPT", tmp_path)
+    monkeypatch.setattr(vs_trl, "common_fingerprint", lambda *files: ",".join(files))
+
+    def command(name: str, weights: bytes, tasks: bytes = b"") -> tuple[Path, Path]:
+        work = tmp_path / name
+        (work / "sft").mkdir(parents=True)
+        (work / "sft" / "model.safetensors").write_bytes(weights)
+        (work / "repeat.jsonl").write_bytes(tasks)
+        return work, work / "sft"
+
+    vs_trl.reported_runs("a", 40, settings, *command("first", b"w1")).run(trl0, go("a0"))
+    assert vs_trl.reported_runs("a", 40, settings, *command("next", b"w1")).run(trl0, go("a0 again"))["name"] == "a0"
+    assert vs_trl.reported_runs("a", 40, settings, *command("other sft", b"w2")).kept == {}
+    vs_trl.reported_runs("b", 40, settings, *command("b first", b"w1", b"tasks 1")).run(trl0, go("b0"))
+    assert vs_trl.reported_runs("b", 40, settings, *command("b next", b"w1", b"tasks 1")).kept
+    assert vs_trl.reported_runs("b", 40, settings, *command("b other tasks", b"w1", b"tasks 2")).kept == {}
+    assert calls == ["trl0", "flashq0", "a0", "b0"]
 
 
 def test_colocate_benchmark_goes_on_where_it_was_cut_off(tmp_path, monkeypatch):
