@@ -6,7 +6,8 @@ the commit and host) of the file they came from, and tests/unit/test_figures.py 
 text no longer matches the files. A page's history below its generated head stays typed, each
 figure with the commit it was measured at. `python bench/figures.py` rewrites every block;
 `--check` exits 1 naming each file whose block is stale. A figure quoted in prose sits between
-`<!-- figure:NAME -->` and `<!-- /figure -->` (NAME: a result file) and is generated the same way.
+`<!-- figure:NAME -->` and `<!-- /figure -->` (NAME: a result file) and is generated the same way;
+so is a run's printed summary between `<!-- run-summary:NAME -->` and `<!-- /run-summary -->`.
 """
 
 from __future__ import annotations
@@ -385,18 +386,36 @@ def inline_text(entry: Entry, results: Path = RESULTS) -> str:
     return f"{entry.summary(d)} (measured {d['date'][:10]}, {cpu(d['machine'].get('cpu_model'))})"
 
 
+RUN_SUMMARY = re.compile(r"(<!-- run-summary:(\w+) -->)(.*?)(<!-- /run-summary -->)", re.DOTALL)
+
+
+def run_summary_text(result: str, results: Path = RESULTS) -> str:
+    """What the result file's first run printed at its end (flashq's own summary of it, from the
+    file's `results.summaries`), fenced, with the run's seed, command, host and date."""
+    from flashq.reporting.report import summary_text
+
+    d = json.loads((results / f"{result}.json").read_text())
+    summaries, runs = (d.get("results") or {}).get("summaries"), (d.get("results") or {}).get("runs")
+    if not summaries or not runs:
+        raise ValueError(f"bench/results/{result}.json: no results.summaries and results.runs to quote a run's summary from")
+    host = d["machine"]
+    return (f"\n```\n{summary_text(summaries[0])}\n```\n\nThat is seed {runs[0]['seed']} of `{d['command']}` on a "
+            f"{host['cpus']}-core {cpu(host.get('cpu_model'))} host (measured {d['date'][:10]}).\n")
+
+
 def with_inline(text: str, name: str, results: Path = RESULTS) -> str:
     def one(m: re.Match) -> str:
         if m[2] not in ENTRIES:
             raise ValueError(f"{name}: <!-- figure:{m[2]} --> names no result file with a row (bench/figures.py ENTRIES)")
         return f"{m[1]}{inline_text(ENTRIES[m[2]], results)}{m[4]}"
-    return INLINE.sub(one, text)
+    text = INLINE.sub(one, text)
+    return RUN_SUMMARY.sub(lambda m: f"{m[1]}{run_summary_text(m[2], results)}{m[4]}", text)
 
 
 def prose_files(root: Path = ROOT) -> list[str]:
-    """README.md and the docs that quote a figure in prose."""
+    """README.md and the docs that quote a figure or a run's summary in prose."""
     names = ["README.md", *sorted(str(p.relative_to(root)) for p in (root / "docs").rglob("*.md"))]
-    return [n for n in names if INLINE.search((root / n).read_text())]
+    return [n for n in names if INLINE.search(text := (root / n).read_text()) or RUN_SUMMARY.search(text)]
 
 
 def render(name: str, text: str, results: Path = RESULTS) -> str:

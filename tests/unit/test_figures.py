@@ -48,8 +48,10 @@ def test_a_changed_figure_changes_its_row(tmp_path: Path):
     assert "reward +0.123" in after and after.endswith(f"(measured 2031-01-02) | {figures.missed(data)} |")
     assert "reward +0.123" in row(figures.index_block(results))
     assert "reward +0.123" in figures.page_block(figures.ENTRIES["quickstart"], results)
-    # the README, the index and the quickstart's own page now read as stale; no other page
-    assert figures.stale(ROOT, results) == ["README.md", "docs/benchmarks/index.md", "docs/benchmarks/quickstart.md"]
+    # the README, the index and the quickstart's own page now read as stale, and getting-started,
+    # whose quoted run summary names the date; no other page
+    assert figures.stale(ROOT, results) == ["README.md", "docs/benchmarks/index.md", "docs/benchmarks/quickstart.md",
+                                            "docs/getting-started.md"]
 
 
 def test_every_bound_a_result_file_states_is_judged():
@@ -113,3 +115,21 @@ def test_a_figure_quoted_in_prose_follows_its_file(tmp_path: Path):
     assert "(measured 2031-01-02, " in quoted
     with pytest.raises(ValueError, match="figure:nonesuch"):
         figures.with_inline("<!-- figure:nonesuch --><!-- /figure -->", "x.md")
+
+
+def test_a_quoted_run_summary_follows_its_file(tmp_path: Path):
+    """The quickstart's printed summary in the README and getting-started is the result file's
+    first run, as flashq prints it: a re-run changes it; a file without runs is named."""
+    results, data = _results_with(tmp_path, "quickstart")
+    data["results"]["summaries"][0]["reward_final"] = 0.987
+    (results / "quickstart.json").write_text(json.dumps(data))
+    assert {"README.md", "docs/getting-started.md"} <= set(figures.prose_files())
+    for name in ("README.md", "docs/getting-started.md"):
+        quoted = figures.with_inline((ROOT / name).read_text(), name, results)
+        assert "-> 0.987 (last 360 steps)" in quoted
+        assert f"That is seed {data['results']['runs'][0]['seed']} of `python bench/quickstart.py`" in quoted
+        assert "(measured 2031-01-02)." in quoted
+    del data["results"]["summaries"]
+    (results / "quickstart.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="quickstart.json: no results.summaries"):
+        figures.with_inline("<!-- run-summary:quickstart --><!-- /run-summary -->", "x.md", results)
