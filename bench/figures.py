@@ -42,6 +42,11 @@ def x(v: float, n: int = 2) -> str:
     return f"{v:.{n}f}×"
 
 
+def result_file(name: str, results: Path = RESULTS) -> dict:
+    """bench/results/NAME.json, read."""
+    return json.loads((results / f"{name}.json").read_text())
+
+
 def cpu(model: str | None) -> str:
     """'Intel(R) Xeon(R) Processor' reads as 'Intel Xeon'."""
     return re.sub(r"\((R|TM)\)| Processor| CPU", "", model or "unknown host").strip()
@@ -323,7 +328,7 @@ def readme_block(results: Path = RESULTS) -> str:
     every bound its file states that the figure misses, so a row never reads as met when it is not."""
     rows = ["| benchmark | result | bounds missed |", "|---|---|---|"]
     for e in ENTRIES.values():
-        d = json.loads((results / f"{e.result}.json").read_text())
+        d = result_file(e.result, results)
         rows.append(f"| [{e.name}](docs/benchmarks/{e.page}.md) | {e.summary(d)} (measured {d['date'][:10]}) "
                     f"| {missed(d)} |")
     return "\n".join(rows)
@@ -348,7 +353,7 @@ def index_block(results: Path = RESULTS) -> str:
     rows = ["| page | what it measures | headline | bounds stated in the file | commit | date | host |",
             "|---|---|---|---|---|---|---|"]
     for e in ENTRIES.values():
-        d = json.loads((results / f"{e.result}.json").read_text())
+        d = result_file(e.result, results)
         met = judged(d)
         host = cpu(d["machine"].get("cpu_model")) + (f", {d['machine']['gpu']}" if d["machine"].get("gpu") else "")
         rows.append(f"| [{e.name}]({e.page}.md) | {e.what} | {e.summary(d)} | {met} | {(d.get('git_commit') or '?')[:7]} "
@@ -364,7 +369,7 @@ def judged(d: dict) -> str:
 
 def page_block(entry: Entry, results: Path = RESULTS) -> str:
     """The head of a benchmark's own page: what its result file says now, with commit, date and host."""
-    d = json.loads((results / f"{entry.result}.json").read_text())
+    d = result_file(entry.result, results)
     host = cpu(d["machine"].get("cpu_model")) + (f", {d['machine']['gpu']}" if d["machine"].get("gpu") else "")
     return (f"**Now**, from `bench/results/{entry.result}.json` (commit {(d.get('git_commit') or '?')[:7]}, "
             f"{d['date'][:10]}, {host}): {entry.summary(d)}. Bounds the file states: {judged(d)}.")
@@ -382,7 +387,7 @@ INLINE = re.compile(r"(<!-- figure:(\w+) -->)(.*?)(<!-- /figure -->)", re.DOTALL
 def inline_text(entry: Entry, results: Path = RESULTS) -> str:
     """A figure quoted in prose (between `<!-- figure:NAME -->` and `<!-- /figure -->`, NAME a
     result file): its row's words with the date and host, no commit (prose is for users)."""
-    d = json.loads((results / f"{entry.result}.json").read_text())
+    d = result_file(entry.result, results)
     return f"{entry.summary(d)} (measured {d['date'][:10]}, {cpu(d['machine'].get('cpu_model'))})"
 
 
@@ -394,8 +399,9 @@ def run_summary_text(result: str, results: Path = RESULTS) -> str:
     file's `results.summaries`), fenced, with the run's seed, command, host and date."""
     from flashq.reporting.report import summary_text
 
-    d = json.loads((results / f"{result}.json").read_text())
-    summaries, runs = (d.get("results") or {}).get("summaries"), (d.get("results") or {}).get("runs")
+    d = result_file(result, results)
+    found = d.get("results") or {}
+    summaries, runs = found.get("summaries"), found.get("runs")
     if not summaries or not runs:
         raise ValueError(f"bench/results/{result}.json: no results.summaries and results.runs to quote a run's summary from")
     host = d["machine"]
