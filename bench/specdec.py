@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import KEPT, KeptRuns, code_fingerprint, cpu_model, print_table, weights_digest, write_result  # noqa: E402
 from flashq.config import load_config  # noqa: E402
+from flashq.drafting.acceptance import emitted_acceptance  # noqa: E402
 from flashq.envs.calculator import CalculatorMathEnv  # noqa: E402
 from flashq.wire.protocol import GenerateRequest  # noqa: E402
 
@@ -164,22 +165,42 @@ async def epoch(engine, groups: list[np.ndarray], n: int, max_tokens: int, tag: 
     t0 = time.perf_counter()
     samples = await asyncio.gather(*(engine.generate(r) for r in reqs))
     makespan = time.perf_counter() - t0
-    await asyncio.sleep(0.2)  # let the last counters and drafting stats land
-    after = engine.speculation_counters()
-    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     tokens = sum(len(s.token_ids) for s in samples)
-    drafts, drafted, accepted = (delta.get(k, 0.0) for k in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens"))
-    steps = delta.get("engine_steps", 0.0)  # not counted without speculation (vLLM stats off)
+    await asyncio.sleep(0.2)  # let the drafting stats land (the proposer's file)
+    after = await counted(engine, before, tokens)
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    # acceptance as the responses show it: vLLM's own count of accepted draft tokens includes those
+    # past a response's end, never emitted (flashq.drafting.acceptance); without speculation vLLM's
+    # statistics are off and every request-step emits one token
+    emitted = emitted_acceptance(delta)
+    drafts, drafted = delta.get("spec_drafts", 0.0), delta.get("spec_draft_tokens", 0.0)
+    steps = delta.get("engine_steps", 0.0)
     return {"tokens": tokens, "makespan_s": makespan, "tokens_per_s": tokens / makespan,
             "engine_steps": steps, "ms_per_step": 1e3 * makespan / steps if steps else None,
             # positions each step verified: one per running request, plus its draft tokens
-            "positions_per_step": (tokens - accepted + drafted) / steps if steps else None,
+            "positions_per_step": (delta.get("request_steps", 0.0) + drafted) / steps if steps else None,
             "tool_call_share": float(np.mean([len(s.token_ids) > 40 for s in samples])),  # the calculator's
             "mean_response_tokens": tokens / len(samples),
-            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-            "tokens_per_forward": tokens / (tokens - accepted),  # each request-step without a draft emits one token
-            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": emitted.get("acceptance_length"),
+            "tokens_per_forward": emitted.get("tokens_per_forward", 1.0),
+            "draft_acceptance_rate": emitted.get("draft_acceptance_rate"),
+            "verified_acceptance_rate": delta["spec_accepted_tokens"] / drafted if drafted else None,  # vLLM's count
             "drafting_share": delta["spec_drafting_s"] / makespan if "spec_drafting_s" in delta else None}
+
+
+async def counted(engine, before: dict, tokens: int, wait_s: float = 10.0) -> dict:
+    """The engine's counters once they hold every token of an epoch (they are recorded as the
+    engine's outputs are handled, which can trail the last response): an epoch's figures from
+    counters that missed its end would be wrong, so that raises."""
+    deadline = time.perf_counter() + wait_s
+    while True:
+        after = engine.speculation_counters()
+        if not after or after["emitted_tokens"] - before.get("emitted_tokens", 0.0) >= tokens:
+            return after  # without speculation vLLM counts nothing
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"the engine's counters hold {after['emitted_tokens'] - before.get('emitted_tokens', 0.0):.0f} "
+                               f"of the epoch's {tokens} tokens after {wait_s:.0f} s")
+        await asyncio.sleep(0.01)
 
 
 async def run_mode(mode: str, draft: int | None, config: Path, model_dir: Path, groups, n: int, max_tokens: int,

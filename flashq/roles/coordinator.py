@@ -94,7 +94,7 @@ class Coordinator(StepMetrics):
         self.prev_tokens = 0
         self.prev_dropped = 0  # dynamic sampling: groups dropped by the last logged step
         self.prev_scored = (0, 0.0)  # rewards received and their sum by the last logged step
-        self.prev_spec: dict[str, tuple[float, float, float]] = {}  # rollout worker -> its last speculation counters
+        self.prev_spec: dict[str, dict[str, float]] = {}  # rollout worker -> its last speculation counters
         self.started = time.monotonic()
         self.last_step_at = self.started
         self.window = progress_window(cfg)  # the steps the progress line's rates are averaged over

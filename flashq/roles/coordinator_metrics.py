@@ -13,10 +13,12 @@ import logging
 import time
 
 from flashq.config import FlashqConfig
+from flashq.drafting.acceptance import emitted_acceptance
 from flashq.reporting.step_window import WINDOW_STEPS, StepWindow
 from flashq.wire.protocol import StepStats
 
 log = logging.getLogger("flashq.coordinator")
+SPEC_COUNTS = ("spec_drafts", "spec_draft_tokens", "emitted_tokens", "request_steps")  # a worker's, summed since it started
 
 
 def progress_every(cfg: FlashqConfig) -> int:
@@ -112,24 +114,24 @@ class StepMetrics:
         return out
 
     def _speculation(self) -> dict[str, float]:
-        """Acceptance since the last step, from the rollout workers' vLLM counters: mean tokens per
-        verification step that had a draft (the bonus token included), and the share of draft
-        tokens accepted. A restarted worker's counters start again from zero."""
-        drafts = draft_tokens = accepted = 0.0
+        """Acceptance since the last step, from the rollout workers' engine counters, as the
+        responses show it (`flashq.drafting.acceptance`): mean tokens a verification step with a
+        draft emitted (its own token included), the share of draft tokens kept, tokens per forward.
+        A restarted worker's counters start again from zero."""
+        window = dict.fromkeys(SPEC_COUNTS, 0.0)
         for peer, stats in self.worker_stats.items():
             if "spec_drafts" not in stats:
                 continue
-            now = (stats["spec_drafts"], stats["spec_draft_tokens"], stats["spec_accepted_tokens"])
-            before = self.prev_spec.get(peer, (0.0, 0.0, 0.0))
-            if now[0] < before[0]:
-                before = (0.0, 0.0, 0.0)
-            drafts += now[0] - before[0]
-            draft_tokens += now[1] - before[1]
-            accepted += now[2] - before[2]
+            now = {k: stats.get(k, 0.0) for k in SPEC_COUNTS}
+            before = self.prev_spec.get(peer, {})
+            if now["spec_drafts"] < before.get("spec_drafts", 0.0):
+                before = {}
+            for k in SPEC_COUNTS:
+                window[k] += now[k] - before.get(k, 0.0)
             self.prev_spec[peer] = now
-        if not drafts:
+        if not window["spec_drafts"]:
             return {}
-        return {"spec/acceptance_length": 1 + accepted / drafts, "spec/draft_acceptance_rate": accepted / max(draft_tokens, 1.0)}
+        return {f"spec/{k}": v for k, v in emitted_acceptance(window).items()}
 
 
 def progress_line(step: int, steps: int, rec: dict[str, float], window: StepWindow) -> str:

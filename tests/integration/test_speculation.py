@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from vllm.v1.engine.core import EngineCoreProc
 
 from flashq.config import load_config
+from flashq.drafting.acceptance import emitted_acceptance
 from flashq.engine.vllm_engine import RolloutEngine
 from flashq.engine.vllm_plugin import run_engine_core_then_exit
 from flashq.roles.common import resolve_model
@@ -69,16 +70,17 @@ async def sample_rounds(model, speculation: str, prompts, samples: int, rounds: 
     engine = RolloutEngine(cfg, model, 0, "cpu")
     await engine.start()
     try:
-        out = []
+        out, emitted = [], 0
         for r in range(rounds):  # round 2 drafts from round 1's responses too (the prompt's history)
             out = await asyncio.gather(*[
                 engine.generate(GenerateRequest(f"r{r}-g{i}/{k}", f"g{i}", p, horizon, temperature=1.0))
                 for i, p in enumerate(prompts) for k in range(samples)])
+            emitted += sum(len(s.token_ids) for s in out)
         from vllm.v1.metrics.loggers import PrometheusStatLogger
 
         manager = engine.llm.logger_manager
         prometheus = [type(lg).__name__ for lg in manager.stat_loggers if isinstance(lg, PrometheusStatLogger)] if manager else []
-        return out, {**engine.speculation_counters(), "prometheus_loggers": prometheus}
+        return out, {**engine.speculation_counters(), "prometheus_loggers": prometheus, "responses_tokens": emitted}
     finally:
         await engine.shutdown()
 
@@ -102,10 +104,18 @@ def test_grouped_speculation_keeps_the_sampling_distribution_at_temperature_1(pe
     prompts = [rng.integers(5, 250, size=10).astype(np.int32) for _ in range(3)]
     plain, plain_counters = asyncio.run(sample_rounds(peaked_model, "none", prompts, samples=400, rounds=1, horizon=4))
     grouped, counters = asyncio.run(sample_rounds(peaked_model, "grouped", prompts, samples=400, rounds=2, horizon=4))
+    plain_counters.pop("responses_tokens")
     assert plain_counters == {"prometheus_loggers": []}  # without speculation vLLM keeps no statistics
     # with it, flashq's counters take the place of vLLM's Prometheus logger: no registry to feed per request
     assert counters["prometheus_loggers"] == ["EngineCounters"]
     assert counters["spec_accepted_tokens"] > 0.2 * counters["spec_draft_tokens"] > 0  # drafts were verified and often accepted
+    # the counters hold what the responses hold, every token of both rounds; drafts of 3 run past
+    # the 4-token limit, and vLLM counts those it accepted there, so its count of accepted tokens is
+    # above what the responses kept
+    assert counters["emitted_tokens"] == counters["responses_tokens"]
+    kept = counters["emitted_tokens"] - counters["request_steps"]
+    assert counters["request_steps"] >= 2 * 3 * 400 and 0 < kept < counters["spec_accepted_tokens"]
+    assert 1 < emitted_acceptance(counters)["acceptance_length"] < 4
     # the proposer's own counters reach the frontend: its calls (one per engine step) and drafting time
     assert counters["spec_proposer_calls"] > 0 and counters["engine_steps"] > 0 and counters["spec_drafting_s"] > 0
     for g in range(len(prompts)):
