@@ -92,17 +92,22 @@ def code_fingerprint(*bench_files: str) -> str:
     return ",".join(out.stdout.split())
 
 
-def weights_digest(folder: Path) -> str:
-    """A model folder's weights by content: a checkpoint trained again in a later session (same
-    path, other weights) is another model to the runs kept from it."""
+def file_digest(*files: Path) -> str:
+    """Files by content, in the order given (16 hex digits of their SHA-256)."""
     import hashlib
 
     digest = hashlib.sha256()
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        with f.open("rb") as fh:
+    for f in files:
+        with Path(f).open("rb") as fh:
             while chunk := fh.read(1 << 24):
                 digest.update(chunk)
     return digest.hexdigest()[:16]
+
+
+def weights_digest(folder: Path) -> str:
+    """A model folder's weights by content: a checkpoint trained again in a later session (same
+    path, other weights) is another model to the runs kept from it."""
+    return file_digest(*sorted(Path(folder).glob("*.safetensors")))
 
 
 def kept_runs(key: dict, path: Path) -> list[dict]:

@@ -39,7 +39,6 @@ The systems take turns, seed by seed, so a drifting host slows both alike.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -54,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import repeat_task  # noqa: E402
-from bench.common import KEPT, RESULTS, KeptRuns, cpu_model, git_commit, plot_path, print_table, weights_digest, write_result  # noqa: E402
+from bench.common import KEPT, RESULTS, KeptRuns, cpu_model, file_digest, git_commit, plot_path, print_table, weights_digest, write_result  # noqa: E402
 from bench.common import code_fingerprint as common_fingerprint  # noqa: E402
 from bench.trl_runner import SETTINGS as TRL_SETTINGS  # noqa: E402
 from bench.trl_runner import trl_schedule  # noqa: E402
@@ -340,8 +339,8 @@ CALIBRATION_RUNS = KEPT / "vs_trl_calibration_runs.jsonl"  # each finished run, 
 REPORTED_RUNS = KEPT / "vs_trl_job_r_runs.jsonl"  # job R's reported runs, likewise
 
 
-def code_fingerprint() -> str:
-    return common_fingerprint("bench/vs_trl.py", "bench/trl_runner.py")
+def code_fingerprint(*extra: str) -> str:
+    return common_fingerprint("bench/vs_trl.py", "bench/trl_runner.py", *extra)
 
 
 def reported_runs(job: str, steps: int, settings: dict[str, str], work: Path, sft: Path) -> KeptRuns:
@@ -355,10 +354,9 @@ def reported_runs(job: str, steps: int, settings: dict[str, str], work: Path, sf
                                         "settings": settings})
     start = {"sft": weights_digest(sft)}
     if job == "b":
-        start["tasks"] = hashlib.sha256((work / "repeat.jsonl").read_bytes()).hexdigest()[:16]
-    code = common_fingerprint("bench/vs_trl.py", "bench/trl_runner.py", "bench/repeat_task.py")
-    return KeptRuns(KEPT / f"vs_trl_job_{job}_runs.jsonl", {"job": job, "code": code, "cpu_model": cpu_model(), "steps": steps,
-                                                            "start": start})
+        start["tasks"] = file_digest(work / "repeat.jsonl")
+    return KeptRuns(KEPT / f"vs_trl_job_{job}_runs.jsonl", {"job": job, "code": code_fingerprint("bench/repeat_task.py"),
+                                                            "cpu_model": cpu_model(), "steps": steps, "start": start})
 
 
 def calibrate(steps: int) -> None:

@@ -35,7 +35,7 @@ def test_an_interrupted_calibration_goes_on_where_it_stopped(tmp_path, monkeypat
 
     monkeypatch.setattr(vs_trl, "CALIBRATION_RUNS", tmp_path / "runs.jsonl")
     monkeypatch.setattr(vs_trl, "cpu_model", lambda: "AMD EPYC")
-    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "abc")
+    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda *extra: "abc")
     monkeypatch.setattr(common, "git_commit", lambda: "c1")
     monkeypatch.setattr(vs_trl, "make_sft", lambda job, work: work / "sft")
     monkeypatch.setattr(vs_trl, "TRL_SETTINGS", {"default": [], "paged": []})
@@ -83,7 +83,7 @@ def test_reported_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch):
     monkeypatch.setattr(vs_trl, "REPORTED_RUNS", tmp_path / "runs.jsonl")
     monkeypatch.setattr(vs_trl, "cpu_model", lambda: "AMD EPYC")
     monkeypatch.setattr(common, "git_commit", lambda: "c1")
-    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "abc")
+    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda *extra: "abc")
     settings = {"trl": "paged", "flashq": "turns"}
     calls = []
 
@@ -103,10 +103,10 @@ def test_reported_runs_go_on_where_they_were_cut_off(tmp_path, monkeypatch):
     assert calls == ["trl0", "flashq0"]
     for steps, changed in [(12, settings), (40, {**settings, "trl": "default"})]:
         assert vs_trl.reported_runs("r", steps, changed, tmp_path, tmp_path).kept == {}
-    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda: "newer")
+    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda *extra: "newer")
     assert vs_trl.reported_runs("r", 40, settings, tmp_path, tmp_path).kept == {}
     monkeypatch.setattr(vs_trl, "KEPT", tmp_path)
-    monkeypatch.setattr(vs_trl, "common_fingerprint", lambda *files: ",".join(files))
+    monkeypatch.setattr(vs_trl, "code_fingerprint", lambda *extra: ",".join(extra))
 
     def command(name: str, weights: bytes, tasks: bytes = b"") -> tuple[Path, Path]:
         work = tmp_path / name
