@@ -173,7 +173,7 @@ async def epoch(engine, groups: list[np.ndarray], n: int, max_tokens: int, tag: 
     # past a response's end, never emitted (flashq.drafting.acceptance); without speculation vLLM's
     # statistics are off and every request-step emits one token
     emitted = emitted_acceptance(delta)
-    drafts, drafted = delta.get("spec_drafts", 0.0), delta.get("spec_draft_tokens", 0.0)
+    drafted = delta.get("spec_draft_tokens", 0.0)
     steps = delta.get("engine_steps", 0.0)
     return {"tokens": tokens, "makespan_s": makespan, "tokens_per_s": tokens / makespan,
             "engine_steps": steps, "ms_per_step": 1e3 * makespan / steps if steps else None,
@@ -195,11 +195,13 @@ async def counted(engine, before: dict, tokens: int, wait_s: float = 10.0) -> di
     deadline = time.perf_counter() + wait_s
     while True:
         after = engine.speculation_counters()
-        if not after or after["emitted_tokens"] - before.get("emitted_tokens", 0.0) >= tokens:
+        if not after:
             return after  # without speculation vLLM counts nothing
+        held = after["emitted_tokens"] - before.get("emitted_tokens", 0.0)
+        if held >= tokens:
+            return after
         if time.perf_counter() > deadline:
-            raise RuntimeError(f"the engine's counters hold {after['emitted_tokens'] - before.get('emitted_tokens', 0.0):.0f} "
-                               f"of the epoch's {tokens} tokens after {wait_s:.0f} s")
+            raise RuntimeError(f"the engine's counters hold {held:.0f} of the epoch's {tokens} tokens after {wait_s:.0f} s")
         await asyncio.sleep(0.01)
 
 
