@@ -77,7 +77,7 @@ def openmp_threads() -> int:
 
 class _FrozenHeapFork(multiprocessing.context.ForkProcess):
     """A forked process whose inherited heap the garbage collector leaves alone: frozen for the
-    fork, unfrozen again in the parent. vLLM's engine core collects and freezes its heap as it
+    fork, unfrozen again in the parent (unless the parent froze its own heap first). vLLM's engine core collects and freezes its heap as it
     starts (`freeze_gc_heap`), which otherwise walks everything the worker has imported."""
 
     @staticmethod
@@ -85,6 +85,7 @@ class _FrozenHeapFork(multiprocessing.context.ForkProcess):
         import gc
         import warnings
 
+        frozen_before = gc.get_freeze_count()  # the role froze its start-up heap (flashq.roles.heap): keep it so
         gc.freeze()
         try:
             with warnings.catch_warnings():
@@ -93,7 +94,8 @@ class _FrozenHeapFork(multiprocessing.context.ForkProcess):
                 warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
                 return multiprocessing.context.ForkProcess._Popen(process_obj)
         finally:
-            gc.unfreeze()
+            if not frozen_before:
+                gc.unfreeze()
 
 
 class _FrozenHeapForkContext(multiprocessing.context.ForkContext):

@@ -106,6 +106,8 @@ class StepMetrics:
                 out[f"rollout/weight_pause_s/{peer}"] = stats["weight_pause_s"]
             if stats.get("released_s"):
                 out[f"rollout/released_s/{peer}"] = stats["released_s"]
+            if "gc_s" in stats:
+                out[f"rollout/gc_s_total/{peer}"] = stats["gc_s"]
             if "spec_drafting_s" in stats:
                 out[f"spec/drafting_s_total/{peer}"] = stats["spec_drafting_s"]
             if "spec_off_steps" in stats:

@@ -20,6 +20,7 @@ from flashq.engine.vllm_engine import RolloutEngine, prepare_engine_process
 from flashq.placement import lower_priority, pin_process
 from flashq.reporting.metrics import BusyClock
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model, role_index, serve_until_done
+from flashq.roles.heap import CollectorClock, freeze_startup_heap
 from flashq.wire.protocol import (
     Cancel,
     EpisodeRequest,
@@ -123,12 +124,16 @@ class RolloutWorker:
             from flashq.roles.episodes import EpisodePlayer
 
             self.players = EpisodePlayer(self.cfg, model_path, engine)
+        frozen = freeze_startup_heap()
+        self.collector = CollectorClock()
         try:
             self.link = connect(self.cfg, self.address, self.role)
             await handshake(self.link, self.cfg, hello(self.role, engine_ranks=engine.engine_ranks))
-            log.info("%s ready (%s engine, %d rank(s))", self.role, device, engine.engine_ranks)
+            log.info("%s ready (%s engine, %d rank(s)); %s start-up objects frozen out of garbage collection",
+                     self.role, device, engine.engine_ranks, f"{frozen:,}")
             await serve_until_done(self._serve, heartbeat(self.link, self.cfg), self._report_stats())
         finally:
+            self.collector.close()
             if hasattr(self.players, "stop"):
                 await self.players.stop()
             await engine.shutdown()
@@ -224,6 +229,7 @@ class RolloutWorker:
                 "weight_pause_s": self.engine.paused_s,  # of which generation stood paused
                 "released_s": self.engine.released_s,  # colocated: the devices given to the trainer
                 "version": float(self.engine.version),
+                "gc_s": self.collector.total_s,  # the process's garbage collections, cumulative
                 **{k: float(v) for k, v in self.episode_counts.items()},
                 **self.engine.speculation_counters(),
             },

@@ -39,6 +39,7 @@ from flashq.config import FlashqConfig
 from flashq.failed_batches import record_failure
 from flashq.jsonl import keep_records
 from flashq.roles.common import connect, free_port, handshake, heartbeat, hello, resolve_model, serve_until_done
+from flashq.roles.heap import freeze_startup_heap
 from flashq.trainer.offload import OptimizerOffload, give_back_device_memory
 from flashq.trainer.parallel import broadcast_command, leave
 from flashq.wire.protocol import (
@@ -88,11 +89,13 @@ class TrainerRole:
             await loop.run_in_executor(self.pool, learner.load_state, resume / "trainer")
             log.info("resuming from %s at version %d", resume, learner.version)
         if not learner.ranks.is_leader:
+            freeze_startup_heap()
             await loop.run_in_executor(self.pool, self._follow, learner)
             return
         # vLLM's weight-transfer modules (seconds of imports) load while the engines start, not
         # after they are ready, when the first push waits on them
         await loop.run_in_executor(self.pool, importlib.import_module, "flashq.engine.weights")
+        log.info("%s start-up objects frozen out of garbage collection", f"{freeze_startup_heap():,}")
         ws = self.cfg.weight_sync
         self.port = ws.port or free_port(ws.host)
         self.link = connect(self.cfg, self.address, self.role)

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -81,6 +82,9 @@ def test_async_run_keeps_staleness_bounded_and_trains_every_sample_once(tmp_path
     assert all(isinstance(r["response"], str) and r["prompt"] and r["tokens"] >= 1 and len(r["versions"]) == 2 for r in kept)
     assert max(r["versions"][1] for r in kept) > 0  # kept all through the run, not only at its start
     assert {r["reward"] for r in kept} <= {0.0, 1.0}  # the quickstart's exact match
+    for role in ("rollout-0", "trainer"):  # each froze what it built at start-up out of garbage collection
+        frozen = re.search(r"([\d,]+) start-up objects frozen", (tmp_path / "logs" / f"{role}.log").read_text())
+        assert frozen and int(frozen.group(1).replace(",", "")) > 100_000, role
 
 
 def test_sync_run_is_on_policy_and_evaluates_and_samples_dynamically(tmp_path):
