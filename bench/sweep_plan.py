@@ -133,6 +133,10 @@ SKIPPED = {
                               "seeds never reported); redone when the settings are, never by a sweep",
     "real_model_calibration": "a calibration: seeds 1 and 2 chose configs/smollm2_arithmetic.yaml's settings "
                               "(bench/real_model.py --seeds 1 2 --name real_model_calibration); never re-run by a sweep",
+    "real_model_overlong_none": "a calibration: seeds 1 and 2 with trainer.loss.overlong none, against filter "
+                                "(docs/benchmarks/real_model.md, the overlong calibration); never re-run by a sweep",
+    "real_model_overlong_filter": "a calibration: seeds 1 and 2 with trainer.loss.overlong filter, against none "
+                                  "(docs/benchmarks/real_model.md, the overlong calibration); never re-run by a sweep",
     "vs_trl_curves": "written by the vs_trl entry beside vs_trl.json (the reward curves of its runs)",
     "vs_trl_calibration": "a calibration: job R's setting for each system, on seeds never reported "
                           "(bench/vs_trl.py --jobs r --calibrate); redone when the settings are, never by a sweep",
