@@ -228,6 +228,7 @@ class Learner(MicroBatching):
         n_seq = len(batch.request_ids)
         truncated = np.array([f == "length" for f in batch.finish_reasons], bool) if batch.finish_reasons else np.zeros(n_seq, bool)
         adv, shaped = sequence_advantages(batch, lc, self.max_sample_tokens)
+        sampled_lens = trained_lengths(batch)  # the responses as sampled: the length metrics, before any filtering
         if lc.overlong == "filter" and truncated.any():
             batch = msgspec.structs.replace(batch, loss_mask=filtered_loss_mask(batch.loss_mask, batch.response_offsets, truncated))
         resp_lens = trained_lengths(batch)
@@ -236,7 +237,7 @@ class Learner(MicroBatching):
         first = batch.sample_starts()
         n_samples = len(first)
         rewards = torch.from_numpy(np.array(batch.rewards)[first])
-        sample_lens = per_sample(resp_lens, of, n_samples)
+        sample_lens = per_sample(sampled_lens, of, n_samples)
 
         minibatches = self._minibatches(n_seq)
         plan = [self._rank_micro_batches(batch, mb, adv) for mb in minibatches]

@@ -37,6 +37,7 @@ def test_filtering_leaves_truncated_responses_out_of_the_loss(tiny_model):
     batch.finish_reasons = ["stop", "length", "stop", "length"]
     m = learner.train_step(batch)
     assert m["train/tokens"] == 3 + 5 and m["response/truncated_frac"] == 0.5  # responses of 3, 4, 5, 6 tokens
+    assert m["response/mean_tokens"] == 4.5 and m["response/max_tokens"] == 6  # the responses' lengths, not the loss's
 
 
 def test_a_penalty_without_a_margin_is_refused():
