@@ -77,8 +77,9 @@ def openmp_threads() -> int:
 
 class _FrozenHeapFork(multiprocessing.context.ForkProcess):
     """A forked process whose inherited heap the garbage collector leaves alone: frozen for the
-    fork, unfrozen again in the parent (unless the parent froze its own heap first). vLLM's engine core collects and freezes its heap as it
-    starts (`freeze_gc_heap`), which otherwise walks everything the worker has imported."""
+    fork, unfrozen again in the parent (unless the parent had frozen its own heap first). vLLM's
+    engine core collects and freezes its heap as it starts (`freeze_gc_heap`), which otherwise
+    walks everything the worker has imported."""
 
     @staticmethod
     def _Popen(process_obj):
