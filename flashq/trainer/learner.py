@@ -228,10 +228,10 @@ class Learner(MicroBatching):
         n_seq = len(batch.request_ids)
         truncated = np.array([f == "length" for f in batch.finish_reasons], bool) if batch.finish_reasons else np.zeros(n_seq, bool)
         adv, shaped = sequence_advantages(batch, lc, self.max_sample_tokens)
-        sampled_lens = trained_lengths(batch)  # the responses as sampled: the length metrics, before any filtering
+        sampled_lens = resp_lens = trained_lengths(batch)  # the responses as sampled: the length metrics use these
         if lc.overlong == "filter" and truncated.any():
             batch = msgspec.structs.replace(batch, loss_mask=filtered_loss_mask(batch.loss_mask, batch.response_offsets, truncated))
-        resp_lens = trained_lengths(batch)
+            resp_lens = trained_lengths(batch)  # what the loss sees
         # per sample (a split episode's segments are one sample): rewards, lengths, truncation
         of = batch.sample_index()
         first = batch.sample_starts()
