@@ -372,6 +372,9 @@ def main() -> None:
     ap.add_argument("--flood-frames", type=int, default=1_000_000)
     ap.add_argument("--flood-steps", type=int, default=1000, help="steps of the flood run: it must outlast the flood")
     ap.add_argument("--resumes", type=int, default=12, help="kills, damages and resumes in the torn run")
+    ap.add_argument("--torn-steps", type=int, default=1000,
+                    help="steps of the torn run: each resume waits for a new checkpoint and up to 2 s more, so a faster "
+                         "run needs more steps for the same resumes (at df252e2, 300 ran out before the 10th of 12)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fuzz-frames", type=int, default=130_000)
     ap.add_argument("--keep", type=Path, help="keep the run directories here")
@@ -390,7 +393,7 @@ def main() -> None:
         "poison": lambda: run_once(root, "poison", args.poison_steps, 0, args.seed + 2, extra=POISON),
         "impostors": lambda: run_once(root, "impostors", 400, 0, args.seed + 3, rogue=True, impostor_answers=args.impostor_answers),
         "flood": lambda: run_once(root, "flood", args.flood_steps, 0, args.seed + 4, flood_frames=args.flood_frames),
-        "torn": lambda: run_once(root, "torn", 300, 0, args.seed + 5, extra=["trainer.checkpoint_every=5"], resumes=args.resumes),
+        "torn": lambda: run_once(root, "torn", args.torn_steps, 0, args.seed + 5, extra=["trainer.checkpoint_every=5"], resumes=args.resumes),
     }
     runs = {name: {**plan[name](), "git_commit": git_commit()} for name in RUNS if name in args.runs}
     kept = json.loads((RESULTS / f"{args.name}.json").read_text()) if args.merge else {}
