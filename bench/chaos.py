@@ -141,9 +141,11 @@ def kill_group(pid: int) -> None:
         pass
 
 
-def chaos(run: LaunchedRun, steps: int, kills: int, trainer_at: float, seed: int, sharded: bool = False) -> list[dict]:
+def chaos(run: LaunchedRun, kills: int, trainer_at: float, seed: int, sharded: bool = False) -> list[dict]:
     """Kill a random live worker every few seconds until `kills` are done (the trainer once, when
-    the run is `trainer_at` of the way through; `sharded`: one of its two ranks)."""
+    `trainer_at` of the kills are done; `sharded`: one of its two ranks). Counted in kills, not
+    steps: a run's pace moves with the code and the host, and the two-rank run once spent its 12
+    kills before 40% of its steps, so its rank was never killed (1378258, a7649f0)."""
     rng = random.Random(seed)
     done: list[dict] = []
     trainer_killed = False
@@ -152,7 +154,7 @@ def chaos(run: LaunchedRun, steps: int, kills: int, trainer_at: float, seed: int
         step = run.steps()
         if step < 2:
             continue
-        if not trainer_killed and step >= trainer_at * steps and run.alive("trainer"):
+        if not trainer_killed and len(done) >= trainer_at * kills and run.alive("trainer"):
             victim = "trainer"
             trainer_killed = True
             if sharded:  # one rank, as when one GPU's process dies: torchrun stops the other
@@ -259,7 +261,7 @@ def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bo
         run, rc = launches[0], 0
     else:
         run = LaunchedRun(run_dir, overrides, rogue=rogue, impostor_answers=impostor_answers)
-        killed = chaos(run, steps, kills, trainer_at=0.4, seed=seed, sharded=ranks > 1) if kills else []
+        killed = chaos(run, kills, trainer_at=0.4, seed=seed, sharded=ranks > 1) if kills else []
         flooded = flood(run, flood_frames, root / f"{name}.flood.json") if flood_frames else {}
         rc = run.proc.wait()
     wall = time.time() - run.started
@@ -416,7 +418,7 @@ def main() -> None:
         "kinds of well-formed but wrong messages after each); chaos-2-ranks trains on two gloo ranks and kills one of them "
         "once. poison: replayed heavy-tailed lengths and a 2 s request deadline set beforehand; requests that miss it twice "
         "are quarantined and their groups dropped (listed). Kills are SIGKILL to a role's process group every 4-10 s (a worker only while another of its kind "
-        "is up; the trainer once, 40% of the way). noticed: kill -> the coordinator declares the worker lost; back: -> it "
+        "is up; the trainer once, after 40% of the kills). noticed: kill -> the coordinator declares the worker lost; back: -> it "
         "says hello again (trainer: -> every role of the resumed run connected); serving: -> a restarted rollout worker serves the "
         "current weights. throughput_vs_no_kills: training steps per second, chaos run / calm run. impostors: the rogue's "
         "first answers are each followed by six messages under each of five other roles' names (hellos with its token and "
