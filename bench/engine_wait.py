@@ -3,7 +3,11 @@ napping (flashq's default on CPU, `rollout.engine_wait`).
 
 Each run is a full synchronous `flashq launch` of the long-tail workload (bench/configs/sched.yaml:
 two vLLM rollout workers on two cores, FIFO), so the engine cores compete for the cores with their
-workers as they do in every CPU run. The two modes alternate, so drift of the host hits both.
+workers as they do in every CPU run. The engines run vLLM's multiprocess executor (`mp`), whose
+worker is a process of its own behind the shared-memory queue the two modes wait on, as with
+several ranks: a one-rank CPU engine runs its worker inside the engine core (cebb29b) and waits on
+no queue, so from cebb29b until this was set the two modes ran the same code (1.18x at ff25a2b,
+1.07x at 1378258, 0.94-1.01x at df252e2-2889437: the host's noise). The two modes alternate, so drift of the host hits both.
 Per step: output tokens per second of rollout (step 0, the engines' warm-up, is left out); per
 mode: the mean, and the spread across steps and runs (coefficient of variation).
 
@@ -34,7 +38,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="runs per mode, alternated")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = ap.parse_args()
-    overrides = ["trainer.steps=5", *args.overrides]
+    # the worker in a process of its own, where the wait applies; such an engine cannot receive pushes while it generates
+    overrides = ["trainer.steps=5", "rollout.engine_kwargs.distributed_executor_backend=mp", *args.overrides]
 
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="flashq-engine-wait-") as tmp:
@@ -64,7 +69,9 @@ def main() -> None:
     figures = {"nap_tokens_per_s_vs_spin": nap["tokens_per_s_vs_spin"], "nap_makespan_vs_spin": nap["makespan_s"] / spin["makespan_s"],
                "spin_step_cv": spin["cv"], "nap_step_cv": nap["cv"]}
     path = write_result("engine_wait", {"modes": rows, "runs": runs}, figures,
-                        notes="Synchronous steps of bench/configs/sched.yaml under FIFO; tokens/s = a step's output tokens over "
+                        notes="Synchronous steps of bench/configs/sched.yaml under FIFO, engines on vLLM's mp executor (the "
+                              "worker behind the shared-memory queue the modes wait on; before 2026-12-01 evening the one-rank "
+                              "engines ran in one process and both modes ran the same code); tokens/s = a step's output tokens over "
                               "its rollout makespan; runs alternate between the modes.")
     print(f"figures: {figures}\nwrote {path}")
 

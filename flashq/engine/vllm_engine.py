@@ -112,9 +112,7 @@ class RolloutEngine:
         from flashq.engine.vllm_plugin import end_engine_core_without_teardown
 
         self.backend = backend = choose_engine_backend(self.cfg, self.device)
-        wanted = self.cfg.weight_sync.receive_while_generating
-        self.receive_while_generating = (backend == "gloo" if wanted is None else wanted) and \
-            rc.tensor_parallel_size == 1 and self.cfg.trainer.lora is None and not self.colocate
+        self.receive_while_generating = self.cfg.receives_while_generating(backend, self.colocate)
         kwargs = dict(
             model=str(self.model_path),
             dtype=self.cfg.model.dtype,

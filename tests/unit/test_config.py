@@ -30,16 +30,36 @@ def test_defaults_validate_and_overrides_apply():
         ("trainer.param_dtype=bfloat16", "compute_dtype float32 with param_dtype bfloat16"),
         ("rollout.engine_start=fork rollout.omp_threads=2", "rollout.engine_start fork with omp_threads 2"),
         ("trainer.compute_dtype=float16", "trainer.compute_dtype: Input should be 'float32' or 'bfloat16'"),
-        ("weight_sync.receive_while_generating=true trainer.lora.rank=4", "receive_while_generating needs one worker per engine "
-         "and full-weight pushes: not trainer.lora"),
+        ("weight_sync.receive_while_generating=true trainer.lora.rank=4", "receive_while_generating needs one worker per engine, "
+         "in its engine core's process, and full-weight pushes: not trainer.lora"),
         ("weight_sync.receive_while_generating=true rollout.tensor_parallel_size=2",
          "not rollout.tensor_parallel_size > 1"),
+        ("weight_sync.receive_while_generating=true rollout.engine_kwargs.distributed_executor_backend=mp",
+         "not rollout.engine_kwargs.distributed_executor_backend 'mp' (the worker is another process)"),
     ],
 )
 def test_bad_values_name_the_field(override, expected):
     with pytest.raises(ConfigError) as err:
         load_config(None, override.split(" "))
     assert expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, backend, colocate, expected",
+    [
+        ([], "gloo", False, True),  # unset: on with gloo
+        ([], "nccl", False, False),  # unset: off with NCCL
+        (["rollout.engine_kwargs.distributed_executor_backend=uni"], "gloo", False, True),
+        # another executor puts the worker in a process of its own: unset turns it off (it would fail at the first push)
+        (["rollout.engine_kwargs.distributed_executor_backend=mp"], "gloo", False, False),
+        (["rollout.tensor_parallel_size=2"], "gloo", False, False),
+        (["trainer.lora.rank=4"], "gloo", False, False),
+        ([], "gloo", True, False),
+        (["weight_sync.receive_while_generating=true"], "nccl", False, True),
+    ],
+)
+def test_receiving_while_generating_needs_the_worker_in_the_engine_process(overrides, backend, colocate, expected):
+    assert load_config(None, overrides).receives_while_generating(backend, colocate) is expected
 
 
 @pytest.mark.parametrize(
