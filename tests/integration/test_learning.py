@@ -9,9 +9,9 @@ The gain is the batch reward of the run's last tenth of steps over its first ten
 
 An asynchronous run is not deterministic (which samples fill a batch, at which weight version,
 depends on when each role reaches each step), and once in CI (at 4ac9442, 2026-12-01, its fourth
-run there) the calculator class's run fell -0.213 where 16 runs here, 3 of them seeds 0-2 and 6
-more seeds 3-8, 6 repeats at seed 0 and 3 with both cores loaded, gained +0.287 to +0.531; it did
-not recur here. So an example fails only when a second run, from the same start, falls short as
+run there) the calculator class's run fell -0.213 where 19 runs of it here (2026-12-01: seeds
+0-2 at calibration, seeds 3-8, seed 0 ten more times, three of them with both cores kept busy by
+two other processes) gained +0.287 to +0.531; it did not recur here. So an example fails only when a second run, from the same start, falls short as
 well: a broken example fails both, and both messages are kept.
 
 Calibration (2026-11-28, AMD EPYC, 2 cores, every seed of the config set to k; each margin is
