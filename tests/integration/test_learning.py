@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -46,16 +47,32 @@ def run_example(config: str, run_dir, overrides: list[str], timeout: float = 900
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def by_tenths(run_dir) -> str:
+    """The run's batch reward, mean staleness and response length by tenth of its steps: what CI
+    prints of a run that fell, since CI keeps no run directory."""
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    n = len(steps)
+    tenths = [steps[n * k // 10: n * (k + 1) // 10] or [steps[min(n * k // 10, n - 1)]] for k in range(10)]
+
+    def row(key: str) -> str:
+        return " ".join(f"{sum(r.get(key, 0.0) for r in t) / len(t):.2f}" for t in tenths)
+    return f"reward {row('reward/mean')}; staleness {row('staleness/mean')}; tokens {row('response/mean_tokens')}"
+
+
 def assert_learns(config: str, tmp_path, overrides: list[str], margin: float) -> None:
     """A run's reward gain is at least `margin`; else a second run from the same start must reach
-    it (the module's docstring says why), and the failure names both gains."""
-    gains = []
+    it (the module's docstring says why). A first run that fell is reported as a warning (CI's
+    summary shows it) even when the second passes; the failure names both runs."""
+    falls = []
     for attempt in ("first", "second"):
         summary = run_example(config, tmp_path / attempt, overrides)
-        gains.append(summary["reward_final"] - summary["reward_first_steps"])
-        if gains[-1] >= margin:
+        gain = summary["reward_final"] - summary["reward_first_steps"]
+        if gain >= margin:
+            if falls:
+                warnings.warn(f"{config}: a first run fell short, the second rose {gain:+.3f}: {falls[0]}")
             return
-    raise AssertionError(f"{config} {' '.join(overrides)}: the reward rose {gains[0]:+.3f}, then {gains[1]:+.3f} (margin {margin})")
+        falls.append(f"rose {gain:+.3f} (margin {margin}), by tenth of its steps: {by_tenths(tmp_path / attempt)}")
+    raise AssertionError(f"{config} {' '.join(overrides)}: the first run {falls[0]}; the second {falls[1]}")
 
 
 @pytest.mark.slow
