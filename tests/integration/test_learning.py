@@ -9,9 +9,10 @@ The gain is the batch reward of the run's last tenth of steps over its first ten
 
 An asynchronous run is not deterministic (which samples fill a batch, at which weight version,
 depends on when each role reaches each step), and once in CI (at 4ac9442, 2026-12-01, its fourth
-run there) the calculator class's run fell -0.213 where 19 runs of it here (2026-12-01: seeds
-0-2 at calibration, seeds 3-8, seed 0 ten more times, three of them with both cores kept busy by
-two other processes) gained +0.287 to +0.531; it did not recur here. So an example fails only
+run there) the calculator class's run fell -0.213 where 27 runs of it here (2026-12-01/02: seeds
+0-2 at calibration, seeds 3-8, seed 0 eighteen more times, three with both cores kept busy by two
+other processes, eight with launch/test.sh's environment, one of them a fresh clone's `.ci/run`)
+gained +0.287 to +0.531; it did not recur here. So an example fails only
 when a second run, from the same start, falls short as well: a broken example fails both (a
 trainer at lr 1e-12 rose +0.020, then +0.035). A run that falls is printed by tenth of its steps,
 as a warning when the second run passes, so a recurrence leaves a trace in CI's output.
