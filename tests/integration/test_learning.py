@@ -12,10 +12,10 @@ depends on when each role reaches each step), and once in CI (at 4ac9442, 2026-1
 run there) the calculator class's run fell -0.213 where 27 runs of it here (2026-12-01/02: seeds
 0-2 at calibration, seeds 3-8, seed 0 eighteen more times, three with both cores kept busy by two
 other processes, eight with launch/test.sh's environment, one of them a fresh clone's `.ci/run`)
-gained +0.287 to +0.531; it did not recur here. So an example fails only
-when a second run, from the same start, falls short as well: a broken example fails both (a
-trainer at lr 1e-12 rose +0.020, then +0.035). A run that falls is printed by tenth of its steps,
-as a warning when the second run passes, so a recurrence leaves a trace in CI's output.
+gained +0.287 to +0.531; it did not recur here. So an example fails only when a second run,
+from the same start, falls short as well: a broken example fails both (a trainer at lr 1e-12
+rose +0.020, then +0.035). A run that falls is printed by tenth of its steps, as a warning when
+the second run passes, so a recurrence leaves a trace in CI's output.
 
 Calibration (2026-11-28, AMD EPYC, 2 cores, every seed of the config set to k; each margin is
 half the sweep's worst gain): the quickstart at 300 steps without evaluation gained +0.309,
@@ -36,6 +36,7 @@ import warnings
 
 import pytest
 
+from flashq.reporting.metrics import read_metrics
 from tests.integration.helpers import ROOT
 
 QUICKSTART_MARGIN = 0.075
@@ -53,7 +54,7 @@ def run_example(config: str, run_dir, overrides: list[str], timeout: float = 900
 def by_tenths(run_dir) -> str:
     """The run's batch reward, mean staleness and response length by tenth of its steps: what CI
     prints of a run that fell, since CI keeps no run directory."""
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_metrics(run_dir / "metrics.jsonl")
     n = len(steps)
     tenths = [steps[n * k // 10: n * (k + 1) // 10] or [steps[min(n * k // 10, n - 1)]] for k in range(10)]
 
