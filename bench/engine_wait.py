@@ -70,7 +70,7 @@ def main() -> None:
                "spin_step_cv": spin["cv"], "nap_step_cv": nap["cv"]}
     path = write_result("engine_wait", {"modes": rows, "runs": runs}, figures,
                         notes="Synchronous steps of bench/configs/sched.yaml under FIFO, engines on vLLM's mp executor (the "
-                              "worker behind the shared-memory queue the modes wait on; before 2026-12-01 evening the one-rank "
+                              "worker behind the shared-memory queue the modes wait on; from cebb29b to 2889437 the one-rank "
                               "engines ran in one process and both modes ran the same code); tokens/s = a step's output tokens over "
                               "its rollout makespan; runs alternate between the modes.")
     print(f"figures: {figures}\nwrote {path}")

