@@ -1,9 +1,9 @@
 """Coordinator process: the hub every other role connects to.
 
 It owns the `Orchestrator` (prompt source, staleness gate, dispatch, sample buffer) and does the
-process-facing work around it: the startup handshake, fanning weight-sync calls out to every
-rollout worker, liveness, per-step metrics (`coordinator_metrics`), and the final books
-(`ledger.json`).
+process-facing work around it: the startup handshake, relaying weight-sync calls to every
+rollout worker (`WeightSyncRelay`), liveness, per-step metrics (`coordinator_metrics`), and the
+final books (`ledger.json`).
 
 Workers may die and come back (`fault.restart_workers`): a dead one's work is re-queued to the
 others at once; a restarted one says hello again and takes work once it serves the current
@@ -18,7 +18,6 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +34,7 @@ from flashq.reporting.metrics import MetricsLog
 from flashq.reporting.trackers import make_trackers
 from flashq.roles.common import resolve_model
 from flashq.roles.coordinator_metrics import StepMetrics, progress_window
+from flashq.roles.weight_sync_relay import PendingSync, WeightSyncRelay
 from flashq.wire.protocol import (
     BatchRequest,
     Fatal,
@@ -71,15 +71,6 @@ class RoleFailed(RuntimeError):
     pass
 
 
-@dataclass
-class PendingSync:
-    call: WeightSyncCall
-    waiting: set[str]
-    errors: list[str] = field(default_factory=list)
-    recipients: set[str] = field(default_factory=set)
-    started: float = field(default_factory=time.monotonic)
-
-
 class Coordinator(StepMetrics):
     def __init__(self, cfg: FlashqConfig, address: str, run_dir: Path):
         self.cfg = cfg
@@ -88,7 +79,7 @@ class Coordinator(StepMetrics):
         self.rollouts = [r for r in cfg.role_names() if r.startswith("rollout-")]
         self.rewards = [r for r in cfg.role_names() if r.startswith("reward-")]
         self.peers = self.rollouts + self.rewards + ["trainer"]
-        self.syncs: dict[int, PendingSync] = {}
+        self.relay = WeightSyncRelay()  # the trainer's weight-sync calls, out to the workers and back
         self.worker_stats: dict[str, dict[str, float]] = {}
         self.prev_clock: dict[str, tuple[float, float]] = {}
         self.prev_tokens = 0
@@ -272,7 +263,8 @@ class Coordinator(StepMetrics):
         elif isinstance(msg, WeightSyncCall):
             self._fan_out(peer, msg)
         elif isinstance(msg, WeightSyncReply):
-            self._gather(peer, msg)
+            if (finished := self.relay.reply(peer, msg)) is not None:
+                self._finish_sync(finished)
         elif isinstance(msg, StepStats):
             self._from_trainer(peer, msg)
             orch.on_step_trained(msg.step, skipped="non-finite gradient norm" if msg.metrics.get("train/skipped_nonfinite") else "")
@@ -336,43 +328,30 @@ class Coordinator(StepMetrics):
     def _fan_out(self, peer: str, call: WeightSyncCall) -> None:
         if peer != "trainer":
             raise ValueError(f"weight sync call from {peer}; only the trainer may start one")
-        if call.method == "init_weight_transfer_engine":  # a new group, for the workers last announced
-            self.group = list(self.announced)
-        elif call.method == "push_weights":
+        # a new transfer group is built for the workers last announced; every other call goes to the group
+        group = list(self.announced) if call.method == "init_weight_transfer_engine" else self.group
+        recipients = [r for r in group if r in self.alive]
+        finished = self.relay.open(call, recipients)  # no recipients (every rollout worker gone): finished at once
+        self.group = group
+        if call.method == "push_weights":
             self.orch.on_push_started(call.version)
-        recipients = [r for r in self.group if r in self.alive]
-        pending = self.syncs[call.call_id] = PendingSync(call, set(recipients), recipients=set(recipients))
-        if not recipients:  # every rollout worker is gone: nothing to do until one rejoins
-            self._finish_sync(call.call_id, pending)
         for r in recipients:
             payload = call.payload
             if call.method == "init_weight_transfer_engine":
                 payload = {**payload, "rank_offset": self.rank_offsets[r]}
             self.orch.outbox.append((r, WeightSyncCall(call.call_id, call.method, payload, call.version)))
+        if finished is not None:
+            self._finish_sync(finished)
 
-    def _gather(self, peer: str, reply: WeightSyncReply) -> None:
-        pending = self.syncs.get(reply.call_id)
-        if pending is None or peer not in pending.waiting:
-            raise KeyError(f"weight sync reply {reply.call_id} from {peer} matches no pending call")
-        pending.waiting.discard(peer)
-        if not reply.ok:
-            pending.errors.append(reply.error)
-        if not pending.waiting:
-            self._finish_sync(reply.call_id, pending)
-
-    def _finish_sync(self, call_id: int, pending: PendingSync) -> None:
-        del self.syncs[call_id]
-        ok = not pending.errors
-        if ok and pending.call.method == "push_weights":
-            self.orch.on_weights_served(pending.call.version)
-            for worker in sorted(self.awaiting_weights & pending.recipients):  # restarted workers now serve them
+    def _finish_sync(self, sync: PendingSync) -> None:
+        if sync.ok and sync.call.method == "push_weights":
+            self.orch.on_weights_served(sync.call.version)
+            for worker in sorted(self.awaiting_weights & sync.recipients):  # restarted workers now serve them
                 self.awaiting_weights.discard(worker)
                 self.orch.on_worker_joined(worker)
-                self._fault({"peer": worker, "event": "serving", "version": pending.call.version})
-                log.info("%s serves version %d again and takes requests", worker, pending.call.version)
-        self.orch.outbox.append(
-            ("trainer", WeightSyncReply(call_id, ok=ok, error="; ".join(pending.errors), seconds=time.monotonic() - pending.started))
-        )
+                self._fault({"peer": worker, "event": "serving", "version": sync.call.version})
+                log.info("%s serves version %d again and takes requests", worker, sync.call.version)
+        self.orch.outbox.append(("trainer", sync.answer()))
 
     # ------------------------------------------------------------ faults
 
@@ -397,12 +376,8 @@ class Coordinator(StepMetrics):
         self._fault({"peer": peer, "event": "lost", "reason": reason})
         self.orch.on_worker_lost(peer)
         self.awaiting_weights.discard(peer)
-        for call_id, pending in list(self.syncs.items()):
-            if peer in pending.waiting:
-                pending.waiting.discard(peer)
-                pending.errors.append(f"{peer} lost during {pending.call.method}")
-                if not pending.waiting:
-                    self._finish_sync(call_id, pending)
+        for sync in self.relay.lose(peer):
+            self._finish_sync(sync)
         if peer in self.group or peer in self.announced:
             self._regroup(f"{peer} lost")
         serving = [r for r in self.rollouts if r in self.alive and r not in self.awaiting_weights]
