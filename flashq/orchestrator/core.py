@@ -11,7 +11,8 @@ The path of one sample through here:
      all equal is dropped instead, and its admission goes to a new prompt.
 Every method returns nothing; messages to send accumulate in `outbox` as (peer, message).
 The `Ledger` counts every sample at every stage, so none is lost or trained twice unseen.
-Environment episodes take another path (`episodes`); checkpoints are `snapshot`'s.
+Environment episodes take another path (`episodes`), failed requests and poison batches
+`failures`'s; checkpoints are `snapshot`'s.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from flashq.drafting.drafter import HISTORY_PROMPTS
 from flashq.evaluation import Evaluator, episode_seed, is_eval
 from flashq.ledger import Ledger
 from flashq.orchestrator.episodes import EpisodeEvents
+from flashq.orchestrator.failures import FailureEvents
 from flashq.orchestrator.snapshot import Snapshots
 from flashq.redundancy import RedundantGroups
 from flashq.scheduling.dispatch import LeastLoadedQueue
@@ -42,7 +44,7 @@ from flashq.wire.protocol import EpisodeRequest, GenerateRequest, Message, Rewar
 log = logging.getLogger("flashq.orchestrator")
 
 
-class Orchestrator(EpisodeEvents, Snapshots):
+class Orchestrator(EpisodeEvents, FailureEvents, Snapshots):
     def __init__(
         self,
         cfg: FlashqConfig,
@@ -153,60 +155,6 @@ class Orchestrator(EpisodeEvents, Snapshots):
         if group.generated:
             self._generation_done(sample.group_id)
         self.score_queue.submit(ScoreRequest(sample=sample, task=group.task))
-
-    def _on_failed_request(self, worker: str, request: GenerateRequest, reason: str) -> None:
-        """A request answered with an error: send it again (its latest chunk), or, at its
-        `rollout.max_request_failures`th failure, quarantine it: nothing of it is trained, and
-        its group is dropped once its other samples are in (`rollout.on_poison: resample`, so
-        another prompt takes its admission) or the run stops naming it (`fail`)."""
-        rid, gid = request.request_id, request.group_id
-        strikes = self.request_failures.setdefault(rid, [])
-        strikes.append(f"{worker}: {reason}"[:300])
-        self.ledger.requests_failed += 1
-        rc = self.cfg.rollout
-        if len(strikes) < rc.max_request_failures:
-            log.warning("request %s failed on %s (%d of %d): %s", rid, worker, len(strikes), rc.max_request_failures, reason)
-            self.ledger.requests_retried += 1
-            self.gen_queue.submit(request)
-            return
-        del self.request_failures[rid]
-        if rc.on_poison == "fail":
-            raise RuntimeError(f"request {rid} failed {len(strikes)} times (rollout.max_request_failures) and rollout.on_poison "
-                               f"is 'fail'; the last: {strikes[-1]}")
-        log.error("request %s quarantined after %d failures; the last: %s", rid, len(strikes), strikes[-1])
-        self.ledger.quarantined.append({"request_id": rid, "group_id": gid, "reasons": strikes})
-        self.request_sent_at.pop(rid, None)
-        self.divided.partial.pop(rid, None)
-        if is_eval(rid):
-            self.ledger.eval_requests_quarantined += 1
-            record, prompt_done = self.evaluator.on_lost(rid)
-            if prompt_done:
-                self._generation_done(gid)
-            self._file_eval(record)
-            return
-        self.ledger.requests_quarantined += 1
-        group = self.buffer.groups[gid]
-        group.fail("poison request", f"poison request {rid}: {strikes[-1]}")
-        group.quarantined.add(rid)
-        if group.generated:
-            self._generation_done(gid)
-        if group.complete:
-            self._on_group_complete(group)
-
-    def quarantine_groups(self, suspects: dict[str, list[str]]) -> None:
-        """Held groups named by batches that crashed the trainer (`flashq/failed_batches.py`):
-        listed in the ledger with their samples, and dropped once complete, as a poison
-        request's group is."""
-        for gid, errors in suspects.items():
-            group = self.buffer.groups.get(gid)
-            if group is None:
-                continue
-            log.error("group %s quarantined: in %d batches that crashed the trainer; the last: %s", gid, len(errors), errors[-1])
-            self.ledger.quarantined.append({"group_id": gid, "request_ids": sorted(group.samples), "reasons": errors})
-            self.ledger.groups_quarantined += 1
-            group.fail("poison batch", f"in {len(errors)} batches that crashed the trainer; the last: {errors[-1]}")
-            if group.complete:
-                self._on_group_complete(group)
 
     def _generation_done(self, group_id: str) -> None:
         """A group (or an evaluation prompt) needs no more generation: its lengths become
