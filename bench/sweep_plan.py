@@ -7,7 +7,8 @@ adds the loop's figures). The order puts the cheap ones first. `minutes` are rou
 from the result files' wall times and the scripts' docstrings; bench/all.py prefers what the last
 sweep measured. Scripts with no result file of their own: bench/paper_sims.py (part of sim),
 bench/scale_loop.py (part of trainer_scale), bench/repeat_task.py (vs_trl's job B),
-bench/rogue.py (chaos), bench/sft_only.py (a calibration tool), bench/figures.py (the docs' tables).
+bench/rogue.py (chaos), bench/sft_only.py (a calibration tool), bench/calculator_outcomes.py (a
+diagnostic of the calculator examples), bench/figures.py (the docs' tables).
 """
 
 from __future__ import annotations
