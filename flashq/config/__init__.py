@@ -124,17 +124,7 @@ class FlashqConfig(Section):
                                  + ", ".join(wrong))
         if self.trainer.offload_optimizer and not self.placement.colocate:
             raise ValueError("trainer.offload_optimizer frees the device for an engine that shares it: set placement.colocate")
-        if self.weight_sync.receive_while_generating and (not self.rollout.worker_in_engine_process
-                                                          or self.trainer.lora is not None or self.placement.colocate):
-            if self.placement.colocate:
-                why = "placement.colocate (generation and training take turns)"
-            elif self.rollout.tensor_parallel_size > 1:
-                why = "rollout.tensor_parallel_size > 1 (each engine's workers are other processes)"
-            elif not self.rollout.worker_in_engine_process:
-                executor = self.rollout.engine_kwargs["distributed_executor_backend"]
-                why = f"rollout.engine_kwargs.distributed_executor_backend {executor!r} (the worker is another process)"
-            else:
-                why = "trainer.lora (adapter pushes pause to receive)"
+        if self.weight_sync.receive_while_generating and (why := self._blocks_receiving_while_generating(self.placement.colocate)):
             raise ValueError(f"weight_sync.receive_while_generating needs one worker per engine, in its engine core's process, "
                              f"full-weight pushes and no colocation: not {why}")
         lora = self.trainer.lora
@@ -168,8 +158,21 @@ class FlashqConfig(Section):
         unset: with gloo), given the transfer backend chosen and the placement. Only where its
         worker shares the engine core's process; with full-weight pushes; not colocated."""
         wanted = self.weight_sync.receive_while_generating
-        return ((backend == "gloo") if wanted is None else wanted) and self.rollout.worker_in_engine_process \
-            and self.trainer.lora is None and not colocate
+        return ((backend == "gloo") if wanted is None else wanted) and not self._blocks_receiving_while_generating(colocate)
+
+    def _blocks_receiving_while_generating(self, colocate: bool) -> str:
+        """What rules out receiving a push while generating, "" when nothing does: the load-time
+        check refuses it when asked for, and `receives_while_generating` turns it off."""
+        if colocate:
+            return "placement.colocate (generation and training take turns)"
+        if self.rollout.tensor_parallel_size > 1:
+            return "rollout.tensor_parallel_size > 1 (each engine's workers are other processes)"
+        if not self.rollout.worker_in_engine_process:
+            executor = self.rollout.engine_kwargs["distributed_executor_backend"]
+            return f"rollout.engine_kwargs.distributed_executor_backend {executor!r} (the worker is another process)"
+        if self.trainer.lora is not None:
+            return "trainer.lora (adapter pushes pause to receive)"
+        return ""
 
     @property
     def total_groups(self) -> int:
