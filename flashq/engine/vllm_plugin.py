@@ -55,7 +55,10 @@ def register() -> None:
 
     register_gloo()
     if "vllm.v1.engine.core" in sys.modules:  # the engine core's process (it loads plugins as it starts)
+        from flashq.engine import final_logprobs
+
         install_push_in_one_call()
+        final_logprobs.install()
     if _cpu_platform():
         from flashq.engine.cpu_kernels import install
 
