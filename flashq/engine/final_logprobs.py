@@ -14,10 +14,13 @@ positions in the same order (as it does when speculative decoding emits several 
 
 Only requests whose output nobody reads before the end are held back: `FINAL_ONLY`, and no stop
 strings (those are matched in the front end, which can end a request the engine core still
-runs). A request aborted in the engine core drops what was held for it.
+runs). A request aborted in the engine core drops what was held for it. Imported only in the
+engine core's process, where vLLM is loaded already.
 """
 
 import numpy as np
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.outputs import LogprobsLists
 
 
 def install() -> None:
@@ -47,8 +50,6 @@ def install() -> None:
 
 def read_only_at_the_end(sampling_params) -> bool:
     """True when the front end reads the request's output once, as it finishes."""
-    from vllm.sampling_params import RequestOutputKind
-
     return (sampling_params is not None and sampling_params.output_kind == RequestOutputKind.FINAL_ONLY
             and not sampling_params.stop)
 
@@ -82,8 +83,6 @@ def hold_until_finished(scheduler, outputs: dict) -> None:
 
 def joined(parts: list):
     """One `LogprobsLists` holding every position of `parts`, in order."""
-    from vllm.v1.outputs import LogprobsLists
-
     if len(parts) == 1:
         return parts[0]
     return LogprobsLists(np.concatenate([p.logprob_token_ids for p in parts]),
