@@ -52,6 +52,13 @@ def cpu(model: str | None) -> str:
     return re.sub(r"\((R|TM)\)| Processor| CPU", "", model or "unknown host").strip()
 
 
+def host(m: dict) -> str:
+    """A result file's machine in words: its CPU, the vector ISA torch ran on where the file records
+    it (hosts that all read 'AMD EPYC' ran the calculator up to 3.5x apart), and its GPU."""
+    isa = m.get("cpu_capability")
+    return cpu(m.get("cpu_model")) + (f" ({isa})" if isa else "") + (f", {m['gpu']}" if m.get("gpu") else "")
+
+
 def word(n: int) -> str:
     return "zero one two three four five six seven eight nine ten".split()[n] if 0 <= n <= 10 else f"{n:,}"
 
@@ -355,9 +362,9 @@ def index_block(results: Path = RESULTS) -> str:
     for e in ENTRIES.values():
         d = result_file(e.result, results)
         met = judged(d)
-        host = cpu(d["machine"].get("cpu_model")) + (f", {d['machine']['gpu']}" if d["machine"].get("gpu") else "")
+        where = host(d["machine"])
         rows.append(f"| [{e.name}]({e.page}.md) | {e.what} | {e.summary(d)} | {met} | {(d.get('git_commit') or '?')[:7]} "
-                    f"| {d['date'][:10]} | {host} |")
+                    f"| {d['date'][:10]} | {where} |")
     return "\n".join(rows)
 
 
@@ -370,9 +377,9 @@ def judged(d: dict) -> str:
 def page_block(entry: Entry, results: Path = RESULTS) -> str:
     """The head of a benchmark's own page: what its result file says now, with commit, date and host."""
     d = result_file(entry.result, results)
-    host = cpu(d["machine"].get("cpu_model")) + (f", {d['machine']['gpu']}" if d["machine"].get("gpu") else "")
+    where = host(d["machine"])
     return (f"**Now**, from `bench/results/{entry.result}.json` (commit {(d.get('git_commit') or '?')[:7]}, "
-            f"{d['date'][:10]}, {host}): {entry.summary(d)}. Bounds the file states: {judged(d)}.")
+            f"{d['date'][:10]}, {where}): {entry.summary(d)}. Bounds the file states: {judged(d)}.")
 
 
 TARGETS: dict[str, Callable[..., str]] = {
@@ -388,7 +395,7 @@ def inline_text(entry: Entry, results: Path = RESULTS) -> str:
     """A figure quoted in prose (between `<!-- figure:NAME -->` and `<!-- /figure -->`, NAME a
     result file): its row's words with the date and host, no commit (prose is for users)."""
     d = result_file(entry.result, results)
-    return f"{entry.summary(d)} (measured {d['date'][:10]}, {cpu(d['machine'].get('cpu_model'))})"
+    return f"{entry.summary(d)} (measured {d['date'][:10]}, {host(d['machine'])})"
 
 
 RUN_SUMMARY = re.compile(r"(<!-- run-summary:(\w+) -->)(.*?)(<!-- /run-summary -->)", re.DOTALL)

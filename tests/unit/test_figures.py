@@ -54,6 +54,20 @@ def test_a_changed_figure_changes_its_row(tmp_path: Path):
                                             "docs/getting-started.md"]
 
 
+def test_the_host_names_the_vector_isa_where_the_file_records_it(tmp_path: Path):
+    """Hosts that all read 'AMD EPYC' ran the calculator up to 3.5x apart: a file that records
+    torch's CPU capability shows it beside the CPU, in the index and on its page."""
+    results, data = _results_with(tmp_path, "quickstart")
+    data["machine"] = {**data["machine"], "cpu_model": "AMD EPYC", "cpu_capability": "AVX2"}
+    data["machine"].pop("gpu", None)
+    (results / "quickstart.json").write_text(json.dumps(data))
+    assert "2031-01-02, AMD EPYC (AVX2))" in figures.page_block(figures.ENTRIES["quickstart"], results)
+    assert "| 2031-01-02 | AMD EPYC (AVX2) |" in figures.index_block(results)
+    del data["machine"]["cpu_capability"]  # files measured before it was recorded read as before
+    (results / "quickstart.json").write_text(json.dumps(data))
+    assert "2031-01-02, AMD EPYC)" in figures.page_block(figures.ENTRIES["quickstart"], results)
+
+
 def test_every_bound_a_result_file_states_is_judged():
     """A new `*_bound` key needs its side in figures.BOUNDS, or the docs would not say met or fails."""
     for entry in figures.ENTRIES.values():
