@@ -25,8 +25,12 @@ def cluster():
         assert line, f"the Ray cluster did not start (exit code {proc.wait(timeout=60)})"
         yield line.split()[1]
     finally:
-        proc.stdin.close()
-        proc.wait(timeout=120)
+        proc.stdin.close()  # the cluster shuts down when its stdin closes
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
 
 
 @pytest.mark.parametrize("variant", [[], ["trainer.lora.rank=8", "trainer.lr=1e-3", "rollout.speculation=grouped"]],
