@@ -47,8 +47,8 @@ def machine() -> dict:
         info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
         # hosts that all report "AMD EPYC" ran the calculator up to 3.5x apart: the vector ISA torch runs on
         info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    except Exception:  # noqa: BLE001
-        info["gpu"] = None
+    except Exception:  # noqa: BLE001 - a failed capability query keeps the GPU's name
+        info.setdefault("gpu", None)
     return info
 
 
