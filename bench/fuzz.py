@@ -61,7 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=130_000)
     args = ap.parse_args()
-    hostile = list(fuzz.frames(args.frames, seed=7))
+    hostile = [fuzz.as_sent(frames) for frames in fuzz.frames(args.frames, seed=7)]
     valid = [[bytes(memoryview(f)) for f in Encoder().encode(Heartbeat(float(i)))] for i in range(args.frames)]
     bad = asyncio.run(blast(hostile))
     good = asyncio.run(blast(valid))

@@ -38,7 +38,7 @@ from flashq.credentials import own_token  # noqa: E402
 from flashq.rewards.runner import RewardRunner  # noqa: E402
 from flashq.roles.common import connect, handshake, heartbeat, hello, resolve_model  # noqa: E402
 from flashq.roles.reward import RewardScorer  # noqa: E402
-from flashq.wire.codec import Encoder  # noqa: E402
+from flashq.wire.codec import Encoder, pack  # noqa: E402
 from flashq.wire.fuzz import raw_peer  # noqa: E402
 from flashq.wire.protocol import (  # noqa: E402
     BatchRequest,
@@ -104,7 +104,7 @@ class Impostors:
                 ("reward for a real request", RewardResult(req.sample.request_id, 1.0)),
                 ("batch request", BatchRequest(credits=8)),
             ]:
-                await sock.send_multipart(self.encoder.encode(msg))
+                await sock.send(pack([self.encoder.encode(msg)]))
                 sent[f"impostor: {kind}"] += 1
 
     def close(self) -> None:

@@ -1,24 +1,30 @@
 """Encode messages to ZeroMQ frames and back, with numpy arrays as raw out-of-band frames.
 
-Frame 0 is the msgpack `Envelope`; each array at least `INLINE_LIMIT` bytes long is replaced by
-`[dtype, shape, frame_index]` and its bytes go as their own frame, sent without a copy and
-viewed without a copy on arrival (`np.frombuffer` over the received frame). Smaller arrays ride
-inline as bytes, where an extra frame would cost more than the copy.
+A message encodes to frames: frame 0 is the msgpack `Envelope`; each array at least
+`INLINE_LIMIT` bytes long is replaced by `[dtype, shape, frame_index]` and its bytes become their
+own frame, encoded without a copy and viewed without a copy on arrival (`np.frombuffer` over the
+received bytes). Smaller arrays ride inline as bytes.
 
 Decoding is also validation: schema version, message type, field types, array dtype/shape
 against the frame length, then the message's own `validate()`. Anything wrong raises
 `RejectedFrame` with a reason; callers count and log it and go on.
 
-Several messages for one peer may travel as one ZeroMQ message, a bundle (`pack`/`unpack`):
-`[BUNDLE_MARK, each message's frame sizes, all their frames joined in one]`. Each
-ZeroMQ message costs a send, a wake-up of ZeroMQ's I/O thread and a receive on both sides;
-a rollout worker answers about a hundred requests per engine step, so one message per answer
-cost the roles more CPU than the messages' contents. Inside a bundle each message is decoded
-and rejected on its own, so a bad one costs only itself.
+On the wire every ZeroMQ message is **one frame** (`pack`/`unpack`): a message that encoded to a
+lone frame goes as itself; anything else, several messages for one peer or one message with
+array frames, goes as a bundle, `BUNDLE_MARK`, the length of a size table, the table (each
+message's frame sizes), then every frame joined. One frame because libzmq 4.3.5 aborts the
+sending process when a socket closes while its I/O thread has written part of a multi-part
+message to a peer that drops the connection at the same moment (libzmq issue 3442, the
+assertion at session_base.cpp:233): a coordinator and a worker ending a run together could die
+of it. The join costs one copy of the arrays on the sending side. Bundling several messages
+matters too: each ZeroMQ message costs a send, a wake-up of ZeroMQ's I/O thread and a receive on
+both sides, and a rollout worker answers about a hundred requests per engine step. Inside a
+bundle each message is decoded and rejected on its own, so a bad one costs only itself.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import msgspec
@@ -27,8 +33,10 @@ import numpy as np
 from flashq.wire.protocol import SCHEMA_VERSION, Envelope, Message
 
 INLINE_LIMIT = 1024
-# frame 0 of a bundle; 0xc1 is the one byte msgpack never uses, so no envelope starts with it
-BUNDLE_MARK = b"\xc1flashq-bundle-1"
+# a bundle's first bytes; 0xc1 is the one byte msgpack never uses, so no envelope starts with it
+BUNDLE_MARK = b"\xc1flashq-bundle-2"
+_TABLE_LENGTH = struct.Struct("<I")  # after the mark: the size table's length in bytes
+BUNDLE_HEADER_BYTES = len(BUNDLE_MARK) + _TABLE_LENGTH.size + 5  # mark, table length, the table's array header
 MAX_BUNDLE = 4096  # messages in one bundle
 BUNDLE_BYTES = 8 << 20  # and bytes: past this a message's own overhead is negligible anyway
 # wire name (numpy's byte-order-explicit dtype string) -> dtype; anything else is refused
@@ -147,17 +155,20 @@ def frames_nbytes(frames: list[Any]) -> int:
     return sum(_view(f).nbytes for f in frames)
 
 
-def pack(messages: list[list[Any]]) -> list[Any]:
-    """One ZeroMQ message for several encoded messages (each a list of frames); a single
-    message goes as itself. A bundle is three frames whatever it holds, `[BUNDLE_MARK, the
-    byte length of each message's frames, every frame joined]`: libzmq and pyzmq charge per
-    frame as well as per message, and the copy into one buffer costs less than either."""
-    if len(messages) == 1:
-        return messages[0]
-    if not 1 < len(messages) <= MAX_BUNDLE:
-        raise ValueError(f"a bundle holds 2 to {MAX_BUNDLE} messages, not {len(messages)}")
-    sizes = [[_view(f).nbytes for f in m] for m in messages]
-    return [BUNDLE_MARK, msgspec.msgpack.encode(sizes), b"".join(f for m in messages for f in m)]
+def bundled_nbytes(frames: list[Any]) -> int:
+    """What one encoded message adds to a bundle: its frames and, at most, its row of the size table."""
+    return frames_nbytes(frames) + 5 * len(frames) + 5
+
+
+def pack(messages: list[list[Any]]) -> Any:
+    """The one frame that carries `messages` (each a list of frames from `Encoder.encode`) to a
+    peer: a lone frame as itself, anything else as a bundle (see the module's docstring)."""
+    if len(messages) == 1 and len(messages[0]) == 1:
+        return messages[0][0]
+    if not 1 <= len(messages) <= MAX_BUNDLE:
+        raise ValueError(f"a bundle holds 1 to {MAX_BUNDLE} messages, not {len(messages)}")
+    table = msgspec.msgpack.encode([[_view(f).nbytes for f in m] for m in messages])
+    return b"".join([BUNDLE_MARK, _TABLE_LENGTH.pack(len(table)), table, *(f for m in messages for f in m)])
 
 
 _sizes = msgspec.msgpack.Decoder(list[list[int]])
@@ -168,22 +179,30 @@ def _view(frame: Any) -> memoryview:
 
 
 def unpack(frames: list[Any]) -> list[list[Any]]:
-    """The messages in one received ZeroMQ message, each still to be decoded (its frames are
-    views into the bundle, not copies); raises `RejectedFrame` when a bundle's own layout is
-    wrong (then none of it can be trusted)."""
-    first = _view(frames[0]) if frames else memoryview(b"")
-    if first.nbytes != len(BUNDLE_MARK) or bytes(first) != BUNDLE_MARK:
+    """The messages in one received ZeroMQ message, each a list of frames still to be decoded
+    (views into the bundle, not copies); raises `RejectedFrame` when the ZeroMQ message is not
+    one frame or a bundle's own layout is wrong (then none of it can be trusted)."""
+    if len(frames) != 1:
+        raise RejectedFrame(f"a ZeroMQ message of {len(frames)} frames; a flashq message is one frame")
+    whole = _view(frames[0]).cast("B")
+    mark = len(BUNDLE_MARK)
+    if whole[:mark] != BUNDLE_MARK:
         return [frames]
-    if len(frames) != 3:
-        raise RejectedFrame(f"bundle of {len(frames)} frames; a bundle is its mark, its frame sizes and its joined frames")
+    if whole.nbytes < mark + _TABLE_LENGTH.size:
+        raise RejectedFrame(f"bundle of {whole.nbytes} bytes, too short for its size table's length")
+    start = mark + _TABLE_LENGTH.size
+    (table_bytes,) = _TABLE_LENGTH.unpack_from(whole, mark)
+    if table_bytes > whole.nbytes - start:
+        raise RejectedFrame(f"bundle size table of {table_bytes} bytes in a bundle of {whole.nbytes}")
     try:
-        sizes = _sizes.decode(_view(frames[1]))
+        sizes = _sizes.decode(whole[start:start + table_bytes])
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise RejectedFrame(f"bundle frame sizes unreadable: {e}") from None
-    joined = _view(frames[2]).cast("B")
-    if (not 1 < len(sizes) <= MAX_BUNDLE or any(not m for m in sizes) or any(n < 0 for m in sizes for n in m)
+    start += table_bytes
+    joined = whole[start:]
+    if (not 1 <= len(sizes) <= MAX_BUNDLE or any(not m for m in sizes) or any(n < 0 for m in sizes for n in m)
             or sum(map(sum, sizes)) != joined.nbytes):
-        raise RejectedFrame(f"bundle frame sizes do not split its {joined.nbytes} bytes into 2 to {MAX_BUNDLE} messages")
+        raise RejectedFrame(f"bundle frame sizes do not split its {joined.nbytes} bytes into 1 to {MAX_BUNDLE} messages")
     out, start = [], 0
     for message in sizes:
         parts = []

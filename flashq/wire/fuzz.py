@@ -1,11 +1,12 @@
 """Hostile frames for the message decoder: random bytes, and valid messages mutated.
 
-`frames(n, seed)` yields n multipart messages, each either pure noise or a real message (of every
-kind the protocol has) with bytes flipped, truncated, extended, dropped or duplicated frames, or
-a header that lies about its arrays. A role must reject every one with a reason and carry on;
-`tests/unit/test_fuzz.py` and `bench/fuzz.py` check that. `hostile` adds what would exhaust a
-receiver: deep nesting, huge multi-part messages, floods of schema versions (`bench/flood.py`
-sends it through a live coordinator's socket).
+`frames(n, seed)` yields n encoded messages (lists of frames, as `Encoder.encode` makes them),
+each either pure noise or a real message (of every kind the protocol has) with bytes flipped,
+truncated, extended, dropped or duplicated frames, or a header that lies about its arrays; a
+socket carries each as `as_sent` makes it. A role must reject every one with a reason and carry
+on; `tests/unit/test_fuzz.py` and `bench/fuzz.py` check that. `hostile` yields what a socket
+carries, adding what would exhaust a receiver: deep nesting, huge multi-part messages, floods of
+schema versions (`bench/flood.py` sends it through a live coordinator's socket).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from flashq.wire import protocol as P
-from flashq.wire.codec import Encoder
+from flashq.wire.codec import Encoder, pack
 
 
 def raw_peer(address: str, identity: str | bytes | None = None, *, user: str | None = None, token: str | None = None,
@@ -93,6 +94,12 @@ def frames(n: int, seed: int = 0) -> Iterator[list[bytes]]:
             yield _mutate(rng, rng.choice(valid))
 
 
+def as_sent(frames: list[bytes]) -> list[bytes]:
+    """The ZeroMQ message a peer speaking flashq's wire format sends for an encoded message: one
+    frame (a message of several frames packed as a bundle), so its contents reach the decoder."""
+    return frames if len(frames) == 1 else [bytes(pack([frames]))]
+
+
 # What a peer that passed the handshake could send to exhaust the receiver rather than confuse it.
 
 def deeply_nested(depth: int) -> list[bytes]:
@@ -116,7 +123,7 @@ def other_schema(version: int) -> list[bytes]:
 
 
 def hostile(n: int, seed: int, max_message_bytes: int) -> Iterator[list[bytes]]:
-    """`frames` with exhaustion mixed in: one in ten a heartbeat under a random schema version, one
+    """ZeroMQ messages: `frames` as sent, with exhaustion mixed in: one in ten a heartbeat under a random schema version, one
     in fifty nested 1,000 to 100,000 levels deep, one in 20,000 a multi-part message of 1 MiB
     parts just over `max_message_bytes` in all (or 64 parts when that is under a part)."""
     rng = random.Random(seed)
@@ -129,6 +136,6 @@ def hostile(n: int, seed: int, max_message_bytes: int) -> Iterator[list[bytes]]:
         elif x < 0.12:
             yield deeply_nested(rng.randint(1_000, 100_000))
         elif x < 0.12005:
-            yield huge_multipart(max(64, max_message_bytes // part + 1), part)
+            yield huge_multipart(max(64, max_message_bytes // part + 1), part)  # refused whole, once libzmq holds it
         else:
-            yield next(mutated)
+            yield as_sent(next(mutated))

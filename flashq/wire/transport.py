@@ -1,10 +1,11 @@
 """ZeroMQ links between the coordinator and the other roles, on asyncio.
 
 One ROUTER socket (`Hub`, in the coordinator) and one DEALER socket per other role (`Link`).
-Every frame passes through `codec`: a frame that does not decode is dropped with a logged,
-counted reason (`rejected`), and the socket carries on. Messages bound for one peer at the
-same moment travel as one bundle (`codec.pack`): the hub's `send_all`, and a link's sends made
-in the same turn of the event loop (a rollout worker's answers to one engine step).
+Every ZeroMQ message is one frame (codec's docstring says why) and passes through `codec`: one
+that does not decode is dropped with a logged, counted reason (`rejected`), and the socket
+carries on. Messages bound for one peer at the same moment travel as one bundle (`codec.pack`):
+the hub's `send_all`, and a link's sends made in the same turn of the event loop (a rollout
+worker's answers to one engine step).
 
 Backpressure has two layers. The application gives credits: the coordinator never has more
 than a cap of requests in flight per worker, the trainer asks for each batch. Below that, the
@@ -41,7 +42,8 @@ import zmq.asyncio
 import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from flashq.wire.codec import BUNDLE_BYTES, MAX_BUNDLE, Decoder, Encoder, RejectedFrame, frames_nbytes, pack, unpack
+from flashq.wire.codec import (BUNDLE_BYTES, BUNDLE_HEADER_BYTES, MAX_BUNDLE, Decoder, Encoder, RejectedFrame, bundled_nbytes,
+                               pack, unpack)
 from flashq.wire.protocol import Hello, Message
 
 log = logging.getLogger(__name__)
@@ -82,8 +84,8 @@ class _Codec:
         self.encoder = Encoder()
         self.decoder = Decoder(max_message_bytes)
         self.rejected: Counter[str] = Counter()
-        # a bundle's joined frame must stay under the receiver's limit (ZeroMQ drops the peer past it)
-        self.bundle_bytes = min(BUNDLE_BYTES, max_message_bytes)
+        # a bundle must stay under the receiver's limit (ZeroMQ drops the peer past it)
+        self.bundle_bytes = min(BUNDLE_BYTES, max_message_bytes - BUNDLE_HEADER_BYTES)
 
     def fits(self, count: int, size: int, nbytes: int) -> bool:
         """Whether a message of `nbytes` may join a bundle of `count` messages and `size` bytes."""
@@ -195,21 +197,21 @@ class Hub:
         bundle, size = [], 0
         for msg in msgs:
             frames = self.codec.encoder.encode(msg)
-            n = frames_nbytes(frames)
+            n = bundled_nbytes(frames)
             if bundle and not self.codec.fits(len(bundle), size, n):
-                await self._send_frames(peer, pack(bundle))
+                await self._send_frame(peer, pack(bundle))
                 bundle, size = [], 0
             bundle.append(frames)
             size += n
         if bundle:
-            await self._send_frames(peer, pack(bundle))
+            await self._send_frame(peer, pack(bundle))
 
-    async def _send_frames(self, peer: str, frames: list) -> None:
+    async def _send_frame(self, peer: str, frame) -> None:
         route = self.routes.get(peer)
         if route is None:
             raise PeerLost(f"{peer} is not connected")
         try:
-            await self.sock.send_multipart([route, *frames], copy=False, flags=zmq.DONTWAIT)
+            await self.sock.send_multipart([route, frame], copy=False, flags=zmq.DONTWAIT)
         except zmq.Again:
             raise PeerLost(f"{peer} is not reading: its queue of {self.hwm} messages is full") from None
         except zmq.ZMQError as e:
@@ -356,7 +358,7 @@ class Link:
         once its bundle is on the socket (or raises what the send raised), so backpressure
         reaches them all."""
         frames = self.codec.encoder.encode(msg)
-        n = frames_nbytes(frames)
+        n = bundled_nbytes(frames)
         open_bundle = self._bundle
         if open_bundle is not None and self.codec.fits(len(open_bundle[0]), open_bundle[2], n):
             open_bundle[0].append(frames)
@@ -368,7 +370,7 @@ class Link:
         try:
             await asyncio.sleep(0)
             self._close_bundle(sent)
-            await self.sock.send_multipart(pack(messages), copy=False)
+            await self.sock.send(pack(messages), copy=False)
         except BaseException as e:
             self._close_bundle(sent)
             if len(messages) > 1:  # the others wait on this send: tell them why it did not happen

@@ -13,7 +13,7 @@ from flashq.config import load_config
 from flashq.credentials import RunCredentials
 from flashq.roles.common import hello
 from flashq.roles.coordinator import Coordinator
-from flashq.wire.codec import Encoder
+from flashq.wire.codec import Encoder, pack
 from flashq.wire.fuzz import raw_peer
 from flashq.wire.protocol import Fatal, GenerateRequest, Heartbeat, Sample, ScoreRequest, WeightSyncCall
 from flashq.wire.transport import Link
@@ -198,7 +198,7 @@ def as_another(address: str, name: str, user: str, token: str) -> zmq.asyncio.So
 
 
 async def send(sock: zmq.asyncio.Socket, msg) -> None:
-    await sock.send_multipart(Encoder().encode(msg))
+    await sock.send(pack([Encoder().encode(msg)]))
 
 
 def test_a_role_with_a_wrong_token_is_told_so_at_its_handshake(tiny_model, tmp_path):

@@ -83,8 +83,8 @@ def test_a_flood_of_distinct_reasons_keeps_the_books_bounded():
         sock = rogue(hub)
         for version in range(2, 2002):  # a schema version each: one reason, a number apart
             await sock.send_multipart([msgspec.msgpack.encode([version, ["heartbeat", 1.0]])])
-        for i in range(200):  # bundles of every size claim: reasons differing in their numbers
-            await sock.send_multipart([b"\xc1flashq-bundle-1"] + [b"x"] * (i % 50 + 1))
+        for i in range(200):  # ZeroMQ messages of 2 to 51 frames: reasons differing in their numbers
+            await sock.send_multipart([b"\xc1flashq-bundle-2"] + [b"x"] * (i % 50 + 1))
         await sock.send_multipart(Encoder().encode(Heartbeat(5.0)))
         assert (await hub.recv())[1].sent_at == 5.0
         assert sum(hub.rejected.values()) == 2200
