@@ -23,12 +23,13 @@ the baseline and reports "no baseline". Baselines are per host: compare runs on 
     python bench/all.py --dry-run            # the plan and its estimated minutes; runs nothing
     python bench/all.py --only fuzz queue    # some of them; --skip NAME... leaves some out
     python bench/all.py --quick              # reduced size: bench/results/quick/, drift since the last quick run
-    python bench/all.py --resume             # go on with a sweep a session's end cut off, at the same commit
+    python bench/all.py --resume             # go on with a sweep a session's end cut off, at the same code
 
 A full sweep outlasts a session here, and a session's end kills what runs. Each benchmark that
 ends well is written to bench/results/kept/sweep_done.jsonl (name, commit, date); `--resume` leaves
-out those done at this commit whose file still names it, and lists them in the report as "done
-earlier" with their bounds judged. A benchmark cut off mid-way runs again (vs_trl, specdec,
+out those done at this commit, or at one whose code is this commit's (only results, docs or tests
+committed since: `SWEEP_CODE`), whose file still names that commit, and lists them in the report
+as "done earlier" with their bounds judged. A benchmark cut off mid-way runs again (vs_trl, specdec,
 colocate and real_model take up the runs they kept).
 """
 
@@ -256,18 +257,34 @@ def record_done(outcome: dict, path: Path) -> None:
         common.keep_run({"name": outcome["name"], "commit": outcome["commit"], "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, path)
 
 
+# what a sweep measures; a commit changing none of it (results, docs, tests) leaves a sweep's figures true
+SWEEP_CODE = ("flashq", "configs", "launch", "pyproject.toml", "bench", ":(exclude)bench/results")
+
+
+def same_code(commit: str, head: str) -> bool:
+    """Whether `commit` holds `head`'s code (`SWEEP_CODE` unchanged between them): a sweep spanning
+    sessions goes on after a session commits the files it measured."""
+    if commit == head:
+        return True
+    diff = subprocess.run(["git", "diff", "--quiet", commit, head, "--", *SWEEP_CODE], cwd=ROOT, capture_output=True)
+    return diff.returncode == 0  # 1: they differ; 128: a commit this clone lacks
+
+
 def done_earlier(benches: Sequence[Bench], head: str | None, path: Path, folder: Path) -> dict[str, dict]:
-    """name -> the outcome of each benchmark a sweep at `head` finished before (noted in `path`) whose
-    file in `folder` still names `head`: a file rewritten since, or noted at another commit, runs again."""
+    """name -> the outcome of each benchmark a sweep finished before (noted in `path`) at `head` or
+    at a commit holding its code, whose file in `folder` still names that commit: a file rewritten
+    since, or noted at a commit with other code, runs again."""
     out: dict[str, dict] = {}
     if not head:
         return out
-    noted = {r["name"]: r["date"] for r in common.kept_runs({"commit": head}, path)}  # the last note of each wins
+    noted = {r["name"]: r for r in common.kept_runs({}, path) if same_code(r["commit"], head)}  # the last note of each wins
     for b in benches:
-        doc = load(folder / f"{b.name}.json") if b.name in noted else None
-        if doc and doc.get("git_commit") == head:
-            out[b.name] = {"name": b.name, "status": "done earlier", "reason": f"done at this commit by an earlier sweep ({noted[b.name]})",
-                           "minutes": 0.0, "commit": head, "bounds": judge_bounds(doc.get("figures") or {}), "compared": None}
+        note = noted.get(b.name)
+        doc = load(folder / f"{b.name}.json") if note else None
+        if doc and doc.get("git_commit") == note["commit"]:
+            where = "this commit" if note["commit"] == head else f"{note['commit'][:7]}, whose code is this commit's"
+            out[b.name] = {"name": b.name, "status": "done earlier", "reason": f"done at {where} by an earlier sweep ({note['date']})",
+                           "minutes": 0.0, "commit": note["commit"], "bounds": judge_bounds(doc.get("figures") or {}), "compared": None}
     return out
 
 
@@ -361,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run these (result names: queue, fuzz, ...)")
     ap.add_argument("--skip", nargs="+", default=[], metavar="NAME", help="leave these out")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimated minutes; run nothing")
-    ap.add_argument("--resume", action="store_true", help="leave out what a full sweep at this commit finished before")
+    ap.add_argument("--resume", action="store_true", help="leave out what a full sweep at this commit, or one with its code, finished before")
     args = ap.parse_args(argv)
     if args.resume and args.quick:
         ap.error("--resume goes on with a full sweep; a quick one is short enough to run whole")

@@ -4,6 +4,7 @@ a benchmark here; each test fails when the logic it names breaks."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,40 @@ def test_resume_leaves_out_only_what_a_sweep_at_this_commit_finished_and_its_fil
     assert sweep.done_earlier(plan, None, done, folder) == {}
     s = sweep.summary([earlier["a"]], {"a": "head"}, "head", quick=False)
     assert s["done_earlier"] == ["a"] and s["bounds_not_met"] == {"a": ["g"]}
+
+
+def test_resume_goes_on_across_commits_that_change_no_code(monkeypatch, tmp_path):
+    """A sweep longer than a session: the session commits what it measured, and the next one's
+    `--resume` still leaves it out, since results, docs and tests are not what a sweep measures; a
+    commit changing flashq/ (or a benchmark's script) makes it run again."""
+    repo = tmp_path / "repo"
+    (repo / "flashq").mkdir(parents=True)
+    (repo / "bench" / "results").mkdir(parents=True)
+
+    def commit(path: str, text: str) -> str:
+        (repo / path).write_text(text)
+        git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", path], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    measured = commit("flashq/core.py", "v1")
+    results_only = commit("bench/results/a.json", json.dumps({"git_commit": measured, "figures": {}}))
+    docs_only = commit("README.md", "figures")
+    script_changed = commit("bench/a.py", "print()")
+    code_changed = commit("flashq/core.py", "v2")
+    monkeypatch.setattr(sweep, "ROOT", repo)
+    done = tmp_path / "sweep_done.jsonl"
+    sweep.record_done({"name": "a", "status": "ok", "commit": measured}, done)
+    plan = [Bench("a", (("bench/a.py",),), (("bench/a.py",),), (), 1, 1)]
+    folder = repo / "bench" / "results"
+    for head in (measured, results_only, docs_only):
+        earlier = sweep.done_earlier(plan, head, done, folder)
+        assert earlier["a"]["commit"] == measured and "done at" in earlier["a"]["reason"], head
+    assert "whose code is this commit's" in sweep.done_earlier(plan, docs_only, done, folder)["a"]["reason"]
+    assert sweep.done_earlier(plan, code_changed, done, folder) == {}
+    assert sweep.done_earlier(plan, script_changed, done, folder) == {}
 
 
 def test_resume_is_refused_for_a_quick_sweep():
