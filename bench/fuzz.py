@@ -31,6 +31,10 @@ SENTINEL = Heartbeat(-12345.0)
 
 
 async def blast(batches: list[list[bytes]]) -> dict:
+    """Send each encoded message (its frames) to a live hub as a peer speaking flashq's wire would
+    (`fuzz.as_sent`: one ZeroMQ frame), so the mutations reach the decoder rather than stopping at
+    the hub's one-frame check; count what the hub rejected and what it passed on."""
+    batches = [fuzz.as_sent(frames) for frames in batches]
     hub = Hub("tcp://127.0.0.1:0", hwm=100_000, max_message_bytes=1 << 20)
     rogue = fuzz.raw_peer(hub.address, hwm=100_000)
     accepted = 0
@@ -61,7 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=130_000)
     args = ap.parse_args()
-    hostile = [fuzz.as_sent(frames) for frames in fuzz.frames(args.frames, seed=7)]
+    hostile = list(fuzz.frames(args.frames, seed=7))
     valid = [[bytes(memoryview(f)) for f in Encoder().encode(Heartbeat(float(i)))] for i in range(args.frames)]
     bad = asyncio.run(blast(hostile))
     good = asyncio.run(blast(valid))

@@ -45,3 +45,17 @@ def test_exhausting_frames_are_rejected_each_for_what_it_is():
         accepted += len(codec.decode_all("flood", frames))
     assert sum(codec.rejected.values()) + accepted == 3000 and accepted < 600  # no bundles among them: one verdict a frame
     assert codec.rejected["schema version N, this build speaks N"] >= 200 and len(codec.rejected) <= 40
+
+
+def test_the_fuzz_blast_reaches_the_decoder_for_every_caller():
+    """bench/fuzz.py and bench/chaos.py share `blast`: the mutated messages it sends must arrive as
+    a flashq peer sends them (one frame), or the hub refuses them for their frame count and the
+    decoder is never fuzzed (chaos.json at 931b40c: 49,843 of 130,000 stopped there)."""
+    import asyncio
+
+    from bench.fuzz import blast
+
+    out = asyncio.run(blast(list(fuzz.frames(3_000, seed=7))))
+    assert out["rejected"] + out["accepted_valid"] == 3_000
+    assert not [r for r in out["top_reasons"] if "a flashq message is one frame" in r], out["top_reasons"]
+    assert {"malformed msgpack", "invalid message"} <= set(out["top_reasons"])
