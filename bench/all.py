@@ -372,6 +372,15 @@ def print_plan(benches: list[Bench], quick: bool, reasons: dict[str, str], minut
         print(f"  {name:<26} not in a sweep: {reason}")
 
 
+def refresh_docs() -> None:
+    """Regenerate the docs' tables after every result file written, so that a sweep a session's end
+    cuts off leaves docs that match the files it did write (CI's test_figures checks they do)."""
+    try:
+        print("\n".join(f"rewrote {name}'s benchmark table" for name in write_docs_tables()) or "docs' tables up to date", flush=True)
+    except Exception as e:  # noqa: BLE001 - a result a summary cannot read must not lose the sweep's report
+        print(f"bench/figures.py could not regenerate the tables ({type(e).__name__}: {e}); run python bench/figures.py", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="reduced size, into bench/results/quick/, drift against the last quick run")
@@ -405,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                 outcomes.append(run_bench(b, args.quick, logs))
                 if not args.quick:
                     record_done(outcomes[-1], DONE)
+                    if outcomes[-1]["status"] in ("ok", "failed"):  # a failure may have written rows
+                        refresh_docs()
     except KeyboardInterrupt:  # the report still says what ran
         interrupted, done = True, {o["name"] for o in outcomes}
         outcomes += [skipped(b.name, "not run: the sweep was interrupted") for b in benches if b.name not in done]
@@ -413,11 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         o["commit"] = o["commit"] or (load(folder / f"{o['name']}.json") or {}).get("git_commit")
         o["commit7"], o["bounds_text"], o["moved_text"] = (o["commit"] or "")[:7], bounds_text(o["bounds"]), moved_text(o)
     print(f"wrote {report(outcomes, folder, args.quick)}")
-    if not args.quick and any(o["status"] in ("ok", "failed") for o in outcomes):  # a failure may have written rows
-        try:
-            print("\n".join(f"rewrote {name}'s benchmark table" for name in write_docs_tables()) or "docs' tables up to date")
-        except Exception as e:  # noqa: BLE001 - a result a summary cannot read must not lose the sweep's report
-            print(f"bench/figures.py could not regenerate the tables ({type(e).__name__}: {e}); run python bench/figures.py")
+    if not args.quick:
+        refresh_docs()  # sweep.json has a row too
     return 130 if interrupted else 1 if any(o["status"] in ("failed", "not written") for o in outcomes) else 0
 
 

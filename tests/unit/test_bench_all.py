@@ -240,3 +240,26 @@ def test_resume_goes_on_across_commits_that_change_no_code(monkeypatch, tmp_path
 def test_resume_is_refused_for_a_quick_sweep():
     with pytest.raises(SystemExit):
         sweep.main(["--quick", "--resume", "--dry-run"])
+
+
+def test_the_docs_tables_follow_every_result_a_sweep_writes(monkeypatch, tmp_path):
+    """A sweep a session's end cuts off must leave docs that match the result files it wrote (stop
+    85's CI failed on tables older than the files): the tables are regenerated after each benchmark,
+    not only once the whole sweep is over. The benchmarks here are stand-ins that write nothing; the
+    order of the calls is what is checked."""
+    events: list[str] = []
+
+    def fake_run(bench, quick, logs):
+        events.append(f"ran {bench.name}")
+        return {"name": bench.name, "status": "ok", "reason": "", "minutes": 0.0, "commit": "head",
+                "log": "", "bounds": [], "compared": None}
+
+    plan = [Bench(n, ((f"bench/{n}.py",),), ((f"bench/{n}.py",),), (), 1, 1) for n in ("a", "b")]
+    monkeypatch.setattr(sweep, "BENCHES", plan)
+    monkeypatch.setattr(sweep, "RESULTS", tmp_path)
+    monkeypatch.setattr(sweep, "DONE", tmp_path / "sweep_done.jsonl")
+    monkeypatch.setattr(sweep, "ROOT", tmp_path)
+    monkeypatch.setattr(sweep, "run_bench", fake_run)
+    monkeypatch.setattr(sweep, "write_docs_tables", lambda: events.append("docs") or [])
+    assert sweep.main(["--only", "a", "b"]) == 0
+    assert events[:4] == ["ran a", "docs", "ran b", "docs"]
