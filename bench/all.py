@@ -28,7 +28,7 @@ the baseline and reports "no baseline". Baselines are per host: compare runs on 
 A full sweep outlasts a session here, and a session's end kills what runs. Each benchmark that
 ends well is written to bench/results/kept/sweep_done.jsonl (name, commit, date); `--resume` leaves
 out those done at this commit, or at one whose code is this commit's (only results, docs or tests
-committed since: `SWEEP_CODE`), whose file still names that commit, and lists them in the report
+committed since, or this runner: `SWEEP_CODE`), whose file still names that commit, and lists them in the report
 as "done earlier" with their bounds judged. A benchmark cut off mid-way runs again (vs_trl, specdec,
 colocate and real_model take up the runs they kept).
 """
@@ -258,7 +258,10 @@ def record_done(outcome: dict, path: Path) -> None:
 
 
 # what a sweep measures; a commit changing none of it (results, docs, tests) leaves a sweep's figures true
-SWEEP_CODE = ("flashq", "configs", "launch", "pyproject.toml", "bench", ":(exclude)bench/results")
+# What a benchmark's figures depend on. This runner and bench/figures.py (which writes the docs'
+# tables) measure nothing, so fixing either does not send a sweep spanning sessions back to the start.
+SWEEP_CODE = ("flashq", "configs", "launch", "pyproject.toml", "bench", ":(exclude)bench/results",
+              ":(exclude)bench/all.py", ":(exclude)bench/figures.py")
 
 
 def same_code(commit: str, head: str) -> bool:

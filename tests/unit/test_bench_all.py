@@ -205,7 +205,8 @@ def test_resume_leaves_out_only_what_a_sweep_at_this_commit_finished_and_its_fil
 
 def test_resume_goes_on_across_commits_that_change_no_code(monkeypatch, tmp_path):
     """A sweep longer than a session: the session commits what it measured, and the next one's
-    `--resume` still leaves it out, since results, docs and tests are not what a sweep measures; a
+    `--resume` still leaves it out, since results, docs, tests, the sweep's runner (bench/all.py)
+    and the docs' tables (bench/figures.py) are not what a sweep measures; a
     commit changing flashq/ (or a benchmark's script) makes it run again."""
     repo = tmp_path / "repo"
     (repo / "flashq").mkdir(parents=True)
@@ -222,6 +223,8 @@ def test_resume_goes_on_across_commits_that_change_no_code(monkeypatch, tmp_path
     measured = commit("flashq/core.py", "v1")
     results_only = commit("bench/results/a.json", json.dumps({"git_commit": measured, "figures": {}}))
     docs_only = commit("README.md", "figures")
+    runner_only = commit("bench/all.py", "print('the runner')")
+    tables_only = commit("bench/figures.py", "print('the tables')")
     script_changed = commit("bench/a.py", "print()")
     code_changed = commit("flashq/core.py", "v2")
     monkeypatch.setattr(sweep, "ROOT", repo)
@@ -229,7 +232,7 @@ def test_resume_goes_on_across_commits_that_change_no_code(monkeypatch, tmp_path
     sweep.record_done({"name": "a", "status": "ok", "commit": measured}, done)
     plan = [Bench("a", (("bench/a.py",),), (("bench/a.py",),), (), 1, 1)]
     folder = repo / "bench" / "results"
-    for head in (measured, results_only, docs_only):
+    for head in (measured, results_only, docs_only, runner_only, tables_only):
         earlier = sweep.done_earlier(plan, head, done, folder)
         assert earlier["a"]["commit"] == measured and "done at" in earlier["a"]["reason"], head
     assert "whose code is this commit's" in sweep.done_earlier(plan, docs_only, done, folder)["a"]["reason"]
