@@ -26,20 +26,25 @@ the baseline and reports "no baseline". Baselines are per host: compare runs on 
     python bench/all.py --resume             # go on with a sweep a session's end cut off, at the same code
 
 A full sweep outlasts a session here, and a session's end kills what runs. Each benchmark that
-ends well is written to bench/results/kept/sweep_done.jsonl (name, commit, date); `--resume` leaves
-out those done at this commit, or at one whose code is this commit's (only results, docs or tests
-committed since, or this runner: `SWEEP_CODE`), whose file still names that commit, and lists them in the report
-as "done earlier" with their bounds judged. A benchmark cut off mid-way runs again (vs_trl, specdec,
-colocate and real_model take up the runs they kept).
+ends well is written to bench/results/kept/sweep_done.jsonl (name, commit, commands, date);
+`--resume` leaves out those done with the commands the plan gives them now, at this commit or at
+one with the same code for them (`bench_code`: flashq/, configs/, launch/, pyproject.toml and
+bench/ less the scripts the benchmark never reaches, this runner and bench/figures.py; results,
+docs and tests are never code), whose file still names that commit, and lists them in the report
+as "done earlier" with their bounds judged. So a fix to one benchmark's harness mid-sweep sends
+only that benchmark back. A benchmark cut off mid-way runs again (vs_trl, specdec, colocate and
+real_model take up the runs they kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -53,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from bench.figures import BOUNDS as SIDES, meets, parse_bound, write as write_docs_tables  # noqa: E402
-from bench.sweep_plan import BENCHES, SKIPPED, Bench  # noqa: E402
+from bench.sweep_plan import BENCHES, INSTALL, SKIPPED, Bench  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 QUICK = RESULTS / "quick"
@@ -185,7 +190,7 @@ def missing_need(needs: Sequence[str]) -> str | None:
             if "GPU" not in listed:
                 return "no CUDA device here (nvidia-smi lists none)"
         elif importlib.util.find_spec(need) is None:
-            return f"{need} is not installed"
+            return f"{need} is not installed (a benchmark-only dependency: {INSTALL.get(need, 'pip install ' + need)})"
     return None
 
 
@@ -251,39 +256,86 @@ def run_bench(bench: Bench, quick: bool, logs: Path) -> dict:
     return out
 
 
-def record_done(outcome: dict, path: Path) -> None:
-    """Note a full-sweep benchmark that ended well, at the commit its file names, for `--resume`."""
+def record_done(outcome: dict, path: Path, bench: Bench) -> None:
+    """Note a full-sweep benchmark that ended well, at the commit its file names, with the commands
+    that made it, for `--resume`."""
     if outcome["status"] == "ok" and outcome["commit"]:
-        common.keep_run({"name": outcome["name"], "commit": outcome["commit"], "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, path)
+        common.keep_run({"name": outcome["name"], "commit": outcome["commit"], "commands": [list(a) for a in bench.full],
+                         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, path)
 
 
-# what a sweep measures; a commit changing none of it (results, docs, tests) leaves a sweep's figures true
-# What a benchmark's figures depend on. This runner and bench/figures.py (which writes the docs'
-# tables) measure nothing, so fixing either does not send a sweep spanning sessions back to the start.
+# What a sweep measures; a commit changing none of it (results, docs, tests) leaves a sweep's figures true.
+# This runner and bench/figures.py (which writes the docs' tables) measure nothing.
 SWEEP_CODE = ("flashq", "configs", "launch", "pyproject.toml", "bench", ":(exclude)bench/results",
               ":(exclude)bench/all.py", ":(exclude)bench/figures.py")
+SCRIPT_PATH = re.compile(r"\bbench/(\w+)\.py\b")
 
 
-def same_code(commit: str, head: str) -> bool:
-    """Whether `commit` holds `head`'s code (`SWEEP_CODE` unchanged between them): a sweep spanning
+def scripts_used(source: str) -> set[str]:
+    """The bench/ scripts a script uses: imported (bench.x, from bench import x), or named as
+    bench/x.py in a string that is not a docstring (the argv of a process it starts)."""
+    tree, used = ast.parse(source), set()
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "bench":
+            used |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench."):
+            used.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            used |= {a.name.split(".")[1] for a in node.names if a.name.startswith("bench.")}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            used |= set(SCRIPT_PATH.findall(node.value))
+    return used
+
+
+def bench_code(bench: Bench, root: Path | None = None) -> tuple[str, ...]:
+    """What one benchmark's figures depend on: `SWEEP_CODE` less the scripts under bench/ its
+    commands never reach (`scripts_used`), followed from script to script. Fixing one benchmark's harness then sends only that one back to run in a
+    sweep spanning sessions. A script whose imports change is itself reached, so the head's tree
+    is enough to follow."""
+    folder = (root or ROOT) / "bench"
+    scripts = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+    reached: set[str] = set()
+    todo = [Path(argv[0]).stem for argv in bench.full if argv and argv[0].startswith("bench/")]
+    while todo:
+        name = todo.pop()
+        if name in reached or name not in scripts:
+            continue
+        reached.add(name)
+        todo += scripts_used((folder / f"{name}.py").read_text())
+    return SWEEP_CODE + tuple(f":(exclude)bench/{name}.py" for name in sorted(scripts - reached - {"all", "figures"}))
+
+
+def same_code(commit: str, head: str, paths: Sequence[str] = SWEEP_CODE) -> bool:
+    """Whether `commit` holds `head`'s code (`paths` unchanged between them): a sweep spanning
     sessions goes on after a session commits the files it measured."""
     if commit == head:
         return True
-    diff = subprocess.run(["git", "diff", "--quiet", commit, head, "--", *SWEEP_CODE], cwd=ROOT, capture_output=True)
+    diff = subprocess.run(["git", "diff", "--quiet", commit, head, "--", *paths], cwd=ROOT, capture_output=True)
     return diff.returncode == 0  # 1: they differ; 128: a commit this clone lacks
 
 
 def done_earlier(benches: Sequence[Bench], head: str | None, path: Path, folder: Path) -> dict[str, dict]:
     """name -> the outcome of each benchmark a sweep finished before (noted in `path`) at `head` or
-    at a commit holding its code, whose file in `folder` still names that commit: a file rewritten
-    since, or noted at a commit with other code, runs again."""
+    at a commit holding its code (`bench_code`), with the commands it runs now, whose file in
+    `folder` still names that commit: a file rewritten since, a benchmark whose code or commands
+    changed, runs again. A note without its commands (written before they were noted) counts the
+    plan (bench/sweep_plan.py) as part of the code."""
     out: dict[str, dict] = {}
     if not head:
         return out
-    noted = {r["name"]: r for r in common.kept_runs({}, path) if same_code(r["commit"], head)}  # the last note of each wins
+    notes = common.kept_runs({}, path)
     for b in benches:
-        note = noted.get(b.name)
-        doc = load(folder / f"{b.name}.json") if note else None
+        mine = [r for r in notes if r["name"] == b.name]
+        note = mine[-1] if mine else None  # the last note wins
+        code = bench_code(b)
+        if note and "commands" in note:
+            fits = note["commands"] == [list(a) for a in b.full] and same_code(note["commit"], head, code)
+        else:
+            fits = bool(note) and same_code(note["commit"], head, tuple(p for p in code if p != ":(exclude)bench/sweep_plan.py"))
+        doc = load(folder / f"{b.name}.json") if fits else None
         if doc and doc.get("git_commit") == note["commit"]:
             where = "this commit" if note["commit"] == head else f"{note['commit'][:7]}, whose code is this commit's"
             out[b.name] = {"name": b.name, "status": "done earlier", "reason": f"done at {where} by an earlier sweep ({note['date']})",
@@ -416,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 outcomes.append(run_bench(b, args.quick, logs))
                 if not args.quick:
-                    record_done(outcomes[-1], DONE)
+                    record_done(outcomes[-1], DONE, b)
                     if outcomes[-1]["status"] in ("ok", "failed"):  # a failure may have written rows
                         refresh_docs()
     except KeyboardInterrupt:  # the report still says what ran

@@ -190,10 +190,11 @@ def test_resume_leaves_out_only_what_a_sweep_at_this_commit_finished_and_its_fil
     figs = {"g": 0.4, "bounds": {"g": ">= 0.5"}}
     for name, commit in [("a", "head"), ("b", "head"), ("c", "old"), ("d", "head")]:
         (folder / f"{name}.json").write_text(json.dumps({"git_commit": commit, "figures": figs}))
-    sweep.record_done({"name": "a", "status": "ok", "commit": "head"}, done)
-    sweep.record_done({"name": "b", "status": "failed", "commit": "head"}, done)  # not noted
-    sweep.record_done({"name": "c", "status": "ok", "commit": "head"}, done)  # its file was rewritten at "old" since
-    sweep.record_done({"name": "d", "status": "ok", "commit": "older"}, done)  # noted at another commit
+    by = {b.name: b for b in plan}
+    sweep.record_done({"name": "a", "status": "ok", "commit": "head"}, done, by["a"])
+    sweep.record_done({"name": "b", "status": "failed", "commit": "head"}, done, by["b"])  # not noted
+    sweep.record_done({"name": "c", "status": "ok", "commit": "head"}, done, by["c"])  # its file was rewritten at "old" since
+    sweep.record_done({"name": "d", "status": "ok", "commit": "older"}, done, by["d"])  # noted at another commit
     earlier = sweep.done_earlier(plan, "head", done, folder)
     assert list(earlier) == ["a"]
     assert earlier["a"]["status"] == "done earlier" and earlier["a"]["commit"] == "head"
@@ -229,8 +230,8 @@ def test_resume_goes_on_across_commits_that_change_no_code(monkeypatch, tmp_path
     code_changed = commit("flashq/core.py", "v2")
     monkeypatch.setattr(sweep, "ROOT", repo)
     done = tmp_path / "sweep_done.jsonl"
-    sweep.record_done({"name": "a", "status": "ok", "commit": measured}, done)
     plan = [Bench("a", (("bench/a.py",),), (("bench/a.py",),), (), 1, 1)]
+    sweep.record_done({"name": "a", "status": "ok", "commit": measured}, done, plan[0])
     folder = repo / "bench" / "results"
     for head in (measured, results_only, docs_only, runner_only, tables_only):
         earlier = sweep.done_earlier(plan, head, done, folder)
@@ -238,6 +239,50 @@ def test_resume_goes_on_across_commits_that_change_no_code(monkeypatch, tmp_path
     assert "whose code is this commit's" in sweep.done_earlier(plan, docs_only, done, folder)["a"]["reason"]
     assert sweep.done_earlier(plan, code_changed, done, folder) == {}
     assert sweep.done_earlier(plan, script_changed, done, folder) == {}
+
+
+def test_resume_reruns_only_the_benchmark_whose_own_scripts_or_commands_changed(monkeypatch, tmp_path):
+    """A fix to one benchmark's harness mid-sweep sends that benchmark back, not the sweep: a's
+    code is flashq/ and the scripts a.py reaches (helper.py by import, child.py as the argv of a
+    process it starts), not b.py, a docstring's mention, or the plan; a's commands are part of
+    its note, and a note written before notes had commands counts the plan as code."""
+    repo = tmp_path / "repo"
+    (repo / "flashq").mkdir(parents=True)
+    (repo / "bench" / "results").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+
+    def commit(path: str, text: str) -> str:
+        (repo / path).write_text(text)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", path], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    commit("flashq/core.py", "v1")
+    commit("bench/helper.py", "X = 1")
+    commit("bench/child.py", "print()")
+    commit("bench/sweep_plan.py", "PLAN = 1")
+    commit("bench/b.py", "print()")
+    measured = commit("bench/a.py", '"""Unlike bench/b.py."""\nfrom bench.helper import X\nARGV = ["python", "bench/child.py"]\n')
+    commit("bench/results/a.json", json.dumps({"git_commit": measured, "figures": {}}))
+    monkeypatch.setattr(sweep, "ROOT", repo)
+    a = Bench("a", (("bench/a.py",),), (("bench/a.py",),), (), 1, 1)
+    assert sorted(s for s in ("a", "b", "child", "helper", "sweep_plan")
+                  if f":(exclude)bench/{s}.py" not in sweep.bench_code(a, repo)) == ["a", "child", "helper"]
+    folder, done, old_note = repo / "bench" / "results", tmp_path / "done.jsonl", tmp_path / "old.jsonl"
+    sweep.record_done({"name": "a", "status": "ok", "commit": measured}, done, a)
+    old_note.write_text(json.dumps({"name": "a", "commit": measured, "date": "then"}) + "\n")
+    other_bench = commit("bench/b.py", "print('fixed')")
+    plan_changed = commit("bench/sweep_plan.py", "PLAN = 2")
+    assert "a" in sweep.done_earlier([a], other_bench, done, folder)
+    assert "a" in sweep.done_earlier([a], plan_changed, done, folder)
+    assert "a" in sweep.done_earlier([a], other_bench, old_note, folder)
+    assert sweep.done_earlier([a], plan_changed, old_note, folder) == {}
+    longer = Bench("a", (("bench/a.py", "--rounds", "5"),), (("bench/a.py",),), (), 1, 1)
+    assert sweep.done_earlier([longer], plan_changed, done, folder) == {}
+    assert sweep.done_earlier([a], commit("bench/child.py", "print('fixed')"), done, folder) == {}
+    subprocess.run([*git, "reset", "-q", "--hard", plan_changed], check=True)
+    assert sweep.done_earlier([a], commit("bench/helper.py", "X = 2"), done, folder) == {}
 
 
 def test_resume_is_refused_for_a_quick_sweep():
