@@ -58,12 +58,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from bench.figures import BOUNDS as SIDES, meets, parse_bound, write as write_docs_tables  # noqa: E402
-from bench.sweep_plan import BENCHES, INSTALL, SKIPPED, Bench  # noqa: E402
+from bench.sweep_plan import BENCHES, SKIPPED, Bench  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 QUICK = RESULTS / "quick"
 DONE = common.KEPT / "sweep_done.jsonl"  # the full sweep's finished benchmarks, for --resume
 SPREAD_SUFFIXES = ("_per_seed", "_by_round", "_spread")
+INSTALL = {"trl": "pip install trl==1.16.0 accelerate"}  # benchmark-only dependencies, as the scripts pin them
 
 
 # --- bounds -------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_TOLERANCE = 0.15  # relative: a figure with no recorded spread moved when it changed by more
-INSTALL = {"trl": "pip install trl==1.16.0 accelerate"}  # benchmark-only dependencies, as the scripts pin them
 
 
 @dataclass(frozen=True)
