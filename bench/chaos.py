@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import RESULTS, git_commit, print_table, write_result  # noqa: E402
+from bench.flood import flood  # noqa: E402
 from bench.fuzz import blast  # noqa: E402
 from bench.torn import mount_small_disk, torn_resumes  # noqa: E402
 from flashq.config import load_config  # noqa: E402
@@ -303,51 +304,6 @@ def run_once(root: Path, name: str, steps: int, kills: int, seed: int, rogue: bo
     }
 
 
-def flood(run: LaunchedRun, frames: int, out: Path) -> dict:
-    """Once the run trains, flood its coordinator from connections holding reward-1's credential
-    (bench/flood.py) while its memory is sampled; then ten seconds for what was queued to drain."""
-    import psutil
-
-    while run.proc.poll() is None and run.steps() < 2:
-        time.sleep(0.5)
-    coord = run.coordinator()
-    limit = load_config(run.run_dir / "config.yaml", []).message_limit_bytes
-    token = RunCredentials.load(run.run_dir).token("reward-1")
-    base = peak = coord.memory_info().rss
-    started = time.time()
-    sender = subprocess.Popen([sys.executable, "bench/flood.py", run.address(), "reward-1", token, str(frames), str(limit), str(out)],
-                              cwd=ROOT)
-
-    def sample(until) -> bool:
-        """Track the peak until `until()`; False when the coordinator is gone (died, or the run resumed)."""
-        nonlocal peak
-        while not until():
-            try:
-                peak = max(peak, coord.memory_info().rss)
-            except psutil.NoSuchProcess:
-                return False
-            time.sleep(0.2)
-        return True
-
-    alive = sample(lambda: sender.poll() is not None or run.proc.poll() is not None)
-    sent_s = time.time() - started
-    if sender.poll() is None:  # the run ended first: the flood is cut short
-        sender.kill()
-        sender.wait()
-    drain_until = time.time() + 10
-    alive = alive and sample(lambda: time.time() > drain_until or run.proc.poll() is not None)
-    try:
-        after = coord.memory_info().rss if alive and run.proc.poll() is None else None
-    except psutil.NoSuchProcess:
-        after = None
-    report = json.loads(out.read_text()) if out.exists() else {"frames_sent": 0}
-    mb = 1 / 2**20
-    return {**report, "seconds": sent_s, "frames_per_s": report["frames_sent"] / sent_s, "message_limit_bytes": limit,
-            "flood_status": sender.returncode, "run_ended_first": run.proc.poll() is not None,
-            "coordinator_rss_mb_before": base * mb, "coordinator_rss_mb_after": after * mb if after is not None else None,
-            "coordinator_rss_mb_peak": peak * mb, "coordinator_pid": coord.pid}
-
-
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
@@ -372,7 +328,9 @@ def main() -> None:
     ap.add_argument("--poison-steps", type=int, default=100, help="steps of the run with poison requests")
     ap.add_argument("--impostor-answers", type=int, default=100, help="rogue answers followed by a burst under others' names")
     ap.add_argument("--flood-frames", type=int, default=1_000_000)
-    ap.add_argument("--flood-steps", type=int, default=1000, help="steps of the flood run: it must outlast the flood")
+    ap.add_argument("--flood-steps", type=int, default=3000,
+                    help="steps of the flood run: it must outlast the flood, the verdicts and the memory settling "
+                         "(1000 until the settling wait: 35 s were left after the flood at ddd7a45)")
     ap.add_argument("--resumes", type=int, default=12, help="kills, damages and resumes in the torn run")
     ap.add_argument("--torn-steps", type=int, default=1000,
                     help="steps of the torn run: each resume waits for a new checkpoint and up to 2 s more, so a faster "
@@ -425,7 +383,9 @@ def main() -> None:
         "with forged ones, Fatal, a weight-sync call to another rendezvous, a reward for a real request, a batch request) on "
         "connections that passed the handshake with its own credential; accepted = sent - refused at the hub. flood: "
         "bench/flood.py from 16 connections holding reward-1's credential; coordinator_rss_growth_mb: its resident memory "
-        "10 s after the flood's last frame minus when the flood began (peak beside it). torn: checkpoints every 5 steps; "
+        "once the hub has a verdict on every frame sent and the memory has stayed within 5 MB for 30 s (at most 240 s; "
+        "memory_settled says which), minus when the flood began (peak and a per-second series beside it; until the "
+        "wait on books and settling, 10 s after the flood's last frame: chaos.md). torn: checkpoints every 5 steps; "
         "the launcher and every role SIGKILLed at once 0-2 s after a new checkpoint, then the damage, then --resume; the "
         "run directory is a 1 GiB tmpfs of its own, filled (full disk) every fourth time instead: the run must stop by itself."))
     print(f"figures: {json.dumps(figures)}\nwrote {path}")
