@@ -214,11 +214,20 @@ def audit(run_dir: Path, group_size: int) -> dict:
 
 def recovery(kills: list[dict], events: list[dict], restarts: list[dict]) -> list[dict]:
     """Per kill: seconds until the coordinator noticed, until the role was back, and (rollout)
-    until it served the current weights again; the trainer's is until the launcher resumed."""
+    until it served the current weights again; the trainer's is until the launcher resumed.
+
+    A kill's events end where the next kill of that role begins, or where the trainer's kill
+    resumes the whole run: a worker still restarting then comes back as part of the resumed run
+    (the trainer's figure), and its row says so (`overtaken_by`) instead of reading the next
+    kill's return as its own (a 105 s "restart" at 2d1e293 was that)."""
     out = []
     for k in kills:
         row = {"role": k["role"], "step": k["step"]}
-        after = [e for e in events if e["peer"] == k["role"] and e["time"] >= k["time"] - 0.5]
+        ends_it = [j for j in kills if j["time"] > k["time"] and (j["role"] == k["role"] or
+                                                                   (j["role"].startswith("trainer") and not k["role"].startswith("trainer")))]
+        first = min(ends_it, key=lambda j: j["time"], default=None)
+        end = first["time"] if first else float("inf")
+        after = [e for e in events if e["peer"] == k["role"] and k["time"] - 0.5 <= e["time"] < end]
         lost = next((e for e in after if e["event"] == "lost"), None)
         back = next((e for e in after if e["event"] == "rejoined"), None)
         serving = next((e for e in after if e["event"] == "serving"), None)
@@ -228,6 +237,8 @@ def recovery(kills: list[dict], events: list[dict], restarts: list[dict]) -> lis
         if k["role"].startswith("trainer"):  # back: every role of the resumed run connected again
             started = next((e for e in events if e["event"] == "started" and e["time"] >= k["time"]), None)
             row["rejoined_s"] = started["time"] - k["time"] if started else None
+        elif back is None and first and first["role"].startswith("trainer"):
+            row["overtaken_by"] = f"{first['role']} killed at step {first['step']} (the whole run resumed)"
         out.append(row)
     return out
 
